@@ -1,0 +1,7 @@
+"""maskserve: serve a Hugging Face fill-mask model over HTTP."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__"]

@@ -1,0 +1,52 @@
+"""Entry point: argv and environment -> Settings -> load the model -> serve."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from .app import create_app, load_model
+from .logs import AccessLogger, configure_logging
+from .settings import SettingsError, load_settings
+
+log = logging.getLogger("maskserve")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = load_settings(sys.argv[1:] if argv is None else argv)
+    except SettingsError as exc:
+        print(f"maskserve: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, settings.log_json)
+    # Load before binding the port: a model that cannot be served exits non-zero with nothing
+    # half started.
+    from .engine import ModelLoadError
+
+    try:
+        model = load_model(settings)
+    except ModelLoadError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    app = create_app(settings, engine=model)
+    log.info("serving %s on http://%s:%d/", model.name, settings.host, settings.port)
+    web.run_app(
+        app,
+        host=settings.host,
+        port=settings.port,
+        # Cancel a handler when its client disconnects, so its queued texts are dropped unrun.
+        handler_cancellation=True,
+        # Handlers finish within the drain budget (see app.drain_on_shutdown); then a margin.
+        shutdown_timeout=settings.drain_timeout + 1.0,
+        access_log_class=AccessLogger,
+        access_log=logging.getLogger("maskserve.access"),
+        print=None,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

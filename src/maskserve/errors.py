@@ -1,0 +1,169 @@
+"""The errors a client can see: each carries its HTTP status, a stable ``kind`` and a public message.
+
+The error middleware renders every one of them as
+``{"error": {"kind": ..., "message": ..., "request_id": ...}}``; anything else raised while
+serving becomes a fixed :class:`InternalError` and its details go to the log only.
+
+    MaskserveError                      500 internal
+    ├── ClientError                     400 bad_request
+    │   ├── InvalidBody                 400 invalid_body        (bad UTF-8, bad JSON)
+    │   ├── InvalidHeader               400 invalid_header
+    │   ├── NotFound                    404 not_found
+    │   ├── MethodNotAllowed            405 method_not_allowed
+    │   ├── PayloadTooLarge             413 payload_too_large
+    │   ├── UnsupportedMediaType        415 unsupported_media_type
+    │   └── InvalidInput                422 invalid_input       (well-formed but unusable)
+    │       ├── NoMaskToken             422 no_mask_token
+    │       └── TextTooLong             422 text_too_long
+    ├── ServiceUnavailable              503 unavailable         (always with Retry-After)
+    │   ├── Overloaded                  503 overloaded
+    │   └── ShuttingDown                503 shutting_down
+    ├── DeadlineExceeded                504 timeout
+    ├── InferenceFailed                 500 inference_failed
+    └── InternalError                   500 internal
+
+Why 503 and not 429 for overload: 429 tells *this* client that *it* sent too much. maskserve sheds
+load when the shared queue is full, whoever filled it, so the honest signal is that the service is
+temporarily unavailable, with a computed ``Retry-After`` (RFC 9110 §15.6.4). 429 stays free for
+per-client rate limiting (see ``examples/``), so the two causes never look alike.
+"""
+
+from __future__ import annotations
+
+
+
+class MaskserveError(Exception):
+    """Base of every error a client may see. Never raised itself."""
+
+    status: int = 500
+    kind: str = "internal"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def headers(self) -> dict[str, str]:
+        """Extra response headers this error needs."""
+        return {}
+
+
+class ClientError(MaskserveError):
+    """The request is wrong; sending it again unchanged will fail again."""
+
+    status = 400
+    kind = "bad_request"
+
+
+class InvalidBody(ClientError):
+    """The body cannot be read: invalid UTF-8, invalid JSON, or JSON of the wrong shape."""
+
+    kind = "invalid_body"
+
+
+class InvalidHeader(ClientError):
+    """A header maskserve reads (e.g. ``X-Request-Timeout``) has an unusable value."""
+
+    kind = "invalid_header"
+
+
+class NotFound(ClientError):
+    """No route matches the path."""
+
+    status = 404
+    kind = "not_found"
+
+
+class MethodNotAllowed(ClientError):
+    """The path exists but not for this method."""
+
+    status = 405
+    kind = "method_not_allowed"
+
+    def __init__(self, message: str, allowed: frozenset[str] = frozenset()) -> None:
+        super().__init__(message)
+        self.allowed = allowed
+
+    def headers(self) -> dict[str, str]:
+        return {"Allow": ", ".join(sorted(self.allowed))} if self.allowed else {}
+
+
+class PayloadTooLarge(ClientError):
+    """The body is larger than ``--max-body-bytes``."""
+
+    status = 413
+    kind = "payload_too_large"
+
+
+class UnsupportedMediaType(ClientError):
+    """The content type is one maskserve cannot read."""
+
+    status = 415
+    kind = "unsupported_media_type"
+
+
+class InvalidInput(ClientError):
+    """The request is well-formed but a value is out of range (top_k, targets, empty text...)."""
+
+    status = 422
+    kind = "invalid_input"
+
+
+class NoMaskToken(InvalidInput):
+    """A text holds no mask token; the message names the model's own (``[MASK]`` or ``<mask>``)."""
+
+    kind = "no_mask_token"
+
+
+class TextTooLong(InvalidInput):
+    """A text is longer than ``--max-text-chars`` or than the model's token limit."""
+
+    kind = "text_too_long"
+
+
+class ServiceUnavailable(MaskserveError):
+    """The server cannot take this request now; retrying after ``Retry-After`` may succeed."""
+
+    status = 503
+    kind = "unavailable"
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        # Whole seconds (RFC 9110 delay-seconds); at least 1 so clients never retry in a storm.
+        return {"Retry-After": str(max(1, int(-(-self.retry_after // 1))))}
+
+
+class Overloaded(ServiceUnavailable):
+    """The queue is full, or the predicted wait already exceeds the request's deadline."""
+
+    kind = "overloaded"
+
+
+class ShuttingDown(ServiceUnavailable):
+    """The server is draining after SIGTERM/SIGINT and accepts no new work."""
+
+    kind = "shutting_down"
+
+
+class DeadlineExceeded(MaskserveError):
+    """The request's deadline passed before its answer was ready."""
+
+    status = 504
+    kind = "timeout"
+
+
+class InferenceFailed(MaskserveError):
+    """The model raised on this input alone (its batch neighbours were answered)."""
+
+    kind = "inference_failed"
+
+
+class InternalError(MaskserveError):
+    """Anything unexpected; the details are logged with the request id, never sent."""
+
+    kind = "internal"
+
+
+INTERNAL_MESSAGE = "internal server error; the request id identifies it in the server log"

@@ -1,0 +1,1 @@
+"""Request middlewares, one per file; the chain and its order live in :mod:`maskserve.app`."""

@@ -1,0 +1,91 @@
+"""The error sanitizer: every error leaves as one JSON shape with a stable kind and a request id.
+
+It sits outermost so that nothing raised by any other middleware or handler escapes it. Known
+errors (:mod:`maskserve.errors`, aiohttp's HTTP exceptions) keep their status and public message;
+anything else is logged with its traceback and answered with a fixed 500.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from ..errors import (
+    INTERNAL_MESSAGE,
+    ClientError,
+    InternalError,
+    MaskserveError,
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+)
+from ..keys import ERROR_KIND_KEY, REQUEST_ID_KEY
+
+log = logging.getLogger(__name__)
+
+REQUEST_ID_HEADER = "X-Request-Id"
+# A caller's id is kept only when it is short and plain, so it cannot forge log lines.
+_SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+
+
+def error_body(error: MaskserveError, request_id: str) -> dict[str, dict[str, str]]:
+    return {"error": {"kind": error.kind, "message": error.message, "request_id": request_id}}
+
+
+def error_response(error: MaskserveError, request_id: str) -> web.Response:
+    response = web.json_response(error_body(error, request_id), status=error.status, headers=error.headers())
+    response.headers[REQUEST_ID_HEADER] = request_id
+    return response
+
+
+def _from_http_exception(exc: web.HTTPException) -> MaskserveError:
+    """aiohttp's own 4xx/5xx (routing, body size) as maskserve errors; never its text."""
+    if isinstance(exc, web.HTTPNotFound):
+        return NotFound("no such path; POST / with a sentence to fill")
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        return MethodNotAllowed(f"{exc.method} is not allowed here", allowed=frozenset(exc.allowed_methods))
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        return PayloadTooLarge("the body is larger than this server accepts")
+    if isinstance(exc, web.HTTPUnsupportedMediaType):
+        return UnsupportedMediaType("this content type is not supported")
+    if 400 <= exc.status < 500:
+        error = ClientError(exc.reason or "bad request")
+        error.status = exc.status
+        return error
+    return InternalError(INTERNAL_MESSAGE)
+
+
+def assign_request_id(request: web.Request) -> str:
+    given = request.headers.get(REQUEST_ID_HEADER, "")
+    request_id = given if _SAFE_REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+    request[REQUEST_ID_KEY] = request_id
+    return request_id
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    request_id = assign_request_id(request)
+    try:
+        response = await handler(request)
+    except MaskserveError as exc:
+        error = exc
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            exc.headers[REQUEST_ID_HEADER] = request_id
+            raise
+        error = _from_http_exception(exc)
+    except Exception:  # noqa: BLE001 - the whole point: nothing unexpected reaches a client as is
+        log.exception("unexpected error [request_id=%s]", request_id)
+        error = InternalError(INTERNAL_MESSAGE)
+    else:
+        response.headers[REQUEST_ID_HEADER] = request_id
+        return response
+    if error.status >= 500 and not isinstance(error, InternalError):
+        log.warning("%s: %s [request_id=%s]", error.kind, error.message, request_id)
+    request[ERROR_KIND_KEY] = error.kind
+    return error_response(error, request_id)

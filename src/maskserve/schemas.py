@@ -1,0 +1,180 @@
+"""Request parsing and validation, and the response shape. Knows neither aiohttp nor torch.
+
+Two request forms reach ``POST /``:
+- raw text: any body that is not JSON is the sentence itself (``curl -d`` sends it as
+  ``application/x-www-form-urlencoded``, but it is never form-decoded);
+- the Hugging Face Inference API's JSON: ``{"inputs": str | [str], "parameters": {"top_k": int,
+  "targets": str | [str]}}``.
+Everything is checked here, before anything is queued, so a bad input fails alone.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+
+from .errors import InvalidBody, InvalidInput, NoMaskToken, TextTooLong
+from .model_api import FillMaskModel, Prediction, Query, TextPredictions
+
+JSON_CONTENT_TYPES = frozenset({"application/json"})
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The request limits from the settings."""
+
+    max_text_chars: int = 10_000
+    max_inputs: int = 64
+    max_top_k: int = 100
+    max_targets: int = 100
+    default_top_k: int = 5
+
+
+@dataclass(frozen=True)
+class FillMaskRequest:
+    """A parsed request: the texts, whether they came as a list, and the answer parameters."""
+
+    texts: tuple[str, ...]
+    batched: bool
+    top_k: int
+    targets: tuple[str, ...] | None
+
+
+def request_schema(limits: Limits) -> dict[str, Any]:
+    """The JSON schema of the Inference API body, with this server's limits."""
+    text = {"type": "string"}
+    return {
+        "type": "object",
+        "required": ["inputs"],
+        "additionalProperties": False,
+        "properties": {
+            "inputs": {
+                "oneOf": [text, {"type": "array", "items": text, "minItems": 1, "maxItems": limits.max_inputs}]
+            },
+            "parameters": {
+                "type": ["object", "null"],
+                "additionalProperties": False,
+                "properties": {
+                    "top_k": {"type": ["integer", "null"], "minimum": 1, "maximum": limits.max_top_k},
+                    "targets": {
+                        "oneOf": [
+                            {"type": "null"},
+                            text,
+                            {"type": "array", "items": text, "minItems": 1, "maxItems": limits.max_targets},
+                        ]
+                    },
+                },
+            },
+            # Older Inference API clients send {"options": {"wait_for_model": true}}; nothing to do.
+            "options": {"type": ["object", "null"]},
+        },
+    }
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    where = "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path) or "body"
+    where = where.lstrip(".")
+    validator = error.validator
+    if validator == "additionalProperties":
+        return f"{where}: unknown field ({error.message.split('(')[-1].rstrip(')')})"
+    if validator in {"maximum", "minimum"}:
+        return f"{where} must be between 1 and {error.schema.get('maximum', '...')}"
+    if validator == "maxItems":
+        return f"{where} holds more than {error.validator_value} items"
+    if validator == "minItems":
+        return f"{where} must not be empty"
+    if validator == "required":
+        return 'the JSON body needs "inputs": a string or a list of strings'
+    if validator == "oneOf" and where == "inputs":
+        return "inputs must be a string or a non-empty list of strings"
+    if validator == "oneOf" and where.endswith("targets"):
+        return "parameters.targets must be a string or a non-empty list of strings"
+    if validator == "type":
+        return f"{where} must be of type {error.validator_value}"
+    return f"{where}: invalid value"
+
+
+class RequestParser:
+    """Turns a body and its content type into a :class:`FillMaskRequest`, or raises a 4xx."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self._validator = jsonschema.Draft202012Validator(request_schema(limits))
+
+    def parse(self, body: bytes, content_type: str) -> FillMaskRequest:
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidBody(f"the body is not valid UTF-8 (byte {exc.start})") from None
+        if content_type.lower() in JSON_CONTENT_TYPES:
+            return self._parse_json(text)
+        return FillMaskRequest(texts=(text,), batched=False, top_k=self.limits.default_top_k, targets=None)
+
+    def _parse_json(self, text: str) -> FillMaskRequest:
+        try:
+            document = json.loads(text)
+        except RecursionError:
+            raise InvalidBody("the JSON body is nested too deeply") from None
+        except ValueError as exc:
+            raise InvalidBody(f"the body is not valid JSON ({getattr(exc, 'msg', 'syntax error')})") from None
+        error = jsonschema.exceptions.best_match(self._validator.iter_errors(document))
+        if error is not None:
+            raise InvalidInput(_describe(error))
+        inputs = document["inputs"]
+        parameters = document.get("parameters") or {}
+        targets = parameters.get("targets")
+        top_k = parameters.get("top_k")
+        return FillMaskRequest(
+            texts=(inputs,) if isinstance(inputs, str) else tuple(inputs),
+            batched=not isinstance(inputs, str),
+            top_k=self.limits.default_top_k if top_k is None else int(top_k),
+            targets=None if targets is None else ((targets,) if isinstance(targets, str) else tuple(targets)),
+        )
+
+    def queries(self, request: FillMaskRequest, model: FillMaskModel) -> list[Query]:
+        """Tokenize and check every text; one :class:`Query` per text, or the first problem."""
+        target_ids: tuple[int, ...] | None = None
+        if request.targets is not None:
+            if any(not t.strip() for t in request.targets):
+                raise InvalidInput("parameters.targets must not contain empty strings")
+            target_ids = model.resolve_targets(request.targets)
+            if not target_ids:
+                raise InvalidInput("none of parameters.targets is in the model's vocabulary")
+        many = len(request.texts) > 1
+        return [
+            self._query(text, index if many else None, request.top_k, target_ids, model)
+            for index, text in enumerate(request.texts)
+        ]
+
+    def _query(
+        self, text: str, index: int | None, top_k: int, target_ids: tuple[int, ...] | None, model: FillMaskModel
+    ) -> Query:
+        where = "the text" if index is None else f"inputs[{index}]"
+        if not text.strip():
+            raise InvalidInput(f"{where} is empty; send a sentence with {model.mask_token} in it")
+        if len(text) > self.limits.max_text_chars:
+            raise TextTooLong(f"{where} has {len(text)} characters; the limit is {self.limits.max_text_chars}")
+        if model.mask_token not in text:
+            raise NoMaskToken(f"{where} holds no mask token; put {model.mask_token} where a word should be filled in")
+        input_ids = model.encode(text)
+        if len(input_ids) > model.max_tokens:
+            raise TextTooLong(f"{where} has {len(input_ids)} tokens; this model reads at most {model.max_tokens}")
+        if model.count_masks(input_ids) == 0:
+            raise NoMaskToken(f"{where} holds no usable mask token; write {model.mask_token} exactly")
+        return Query(input_ids=input_ids, top_k=top_k, target_ids=target_ids)
+
+
+def shape_response(request: FillMaskRequest, answers: Sequence[TextPredictions]) -> Any:
+    """The pipeline's output shape: unwrap single masks, then a single (non-list) input.
+
+    This is the one place the pipeline's unwrapping rules live (FIELD.md §6: getting them wrong
+    spreads one sentence's predictions over several callers).
+    """
+    per_text: list[list[Prediction] | TextPredictions] = [
+        answer[0] if len(answer) == 1 else answer for answer in answers
+    ]
+    return per_text if request.batched else per_text[0]

@@ -1,0 +1,232 @@
+"""Every knob maskserve has, with its default and its trade-off.
+
+Each field is a CLI flag (``--max-batch-size``) with a ``MASKSERVE_*`` environment fallback
+(``MASKSERVE_MAX_BATCH_SIZE``). No other module reads the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+ENV_PREFIX = "MASKSERVE_"
+
+
+class SettingsError(ValueError):
+    """A setting has a value that cannot be used; the message names the flag and the value."""
+
+
+def available_cpus() -> int:
+    """The CPUs this process may really use: affinity mask, then the cgroup v2/v1 quota.
+
+    torch defaults to the *node's* core count, which oversubscribes a container limited to fewer
+    cores (kserve#1031, TorchServe PR #1138: up to 100x slower).
+    """
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota()
+    if quota is not None:
+        cpus = min(cpus, max(1, int(quota)))
+    return max(1, cpus)
+
+
+def _cgroup_cpu_quota() -> float | None:
+    try:
+        with open("/sys/fs/cgroup/cpu.max", encoding="ascii") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            return int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", encoding="ascii") as f:
+            quota_us = int(f.read())
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us", encoding="ascii") as f:
+            period_us = int(f.read())
+        if quota_us > 0:
+            return quota_us / period_us
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be at least 1")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise ValueError("must be a finite number >= 0")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value == 0:
+        raise ValueError("must be greater than 0")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise ValueError("must be between 0 and 65535")
+    return value
+
+
+def _choice(*options: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in options:
+            raise ValueError(f"must be one of {', '.join(options)}")
+        return value
+
+    return parse
+
+
+def _flag(text: str) -> bool:
+    value = text.strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off", ""}:
+        return False
+    raise ValueError("must be true or false")
+
+
+def _optional_str(text: str) -> str | None:
+    return text or None
+
+
+def _setting(default: Any, parse: Callable[[str], Any], help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"parse": parse, "help": help, **extra})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One frozen object holding every setting; build it with :func:`load_settings`."""
+
+    host: str = _setting("127.0.0.1", str, "Address to bind. Use 0.0.0.0 to serve other machines.")
+    port: int = _setting(8000, _port, "TCP port to listen on.")
+    model: str | None = _setting(
+        None,
+        _optional_str,
+        "Local model directory or hub id. Default: the small BERT shipped in maskserve[demo].",
+    )
+    device: str = _setting("cpu", _choice("cpu", "cuda", "auto"), "cpu, cuda, or auto (cuda when present).")
+    dtype: str = _setting(
+        "auto",
+        _choice("auto", "float32", "float16", "bfloat16"),
+        "Model weights dtype. auto = float32 on CPU, float16 on CUDA. Half precision is for CUDA.",
+    )
+    torch_threads: int = _setting(
+        0,
+        int,
+        "torch intra-op threads; 0 = the CPUs this process may use (affinity and cgroup aware). "
+        "More threads than cores makes every forward pass slower.",
+    )
+    max_batch_size: int = _setting(
+        32, _positive_int, "Most texts in one forward pass. Larger batches raise throughput and latency."
+    )
+    max_batch_tokens: int = _setting(
+        8192,
+        _positive_int,
+        "Padded token budget of one forward pass: texts x longest text in tokens. Bounds memory "
+        "and the time one batch holds the model.",
+    )
+    max_batch_delay: float = _setting(
+        0.0,
+        _non_negative_float,
+        "Seconds a batch may wait for company, counted once from its oldest request. 0 = never wait: "
+        "requests that arrive while the model is busy batch together anyway.",
+    )
+    max_queue: int = _setting(
+        256,
+        _positive_int,
+        "Most texts waiting for the model. When full, new requests get 503 at once.",
+    )
+    request_timeout: float = _setting(
+        30.0,
+        _positive_float,
+        "Seconds a request may take end to end before 504. Clients may shorten it with "
+        "X-Request-Timeout.",
+    )
+    max_body_bytes: int = _setting(1_048_576, _positive_int, "Largest request body; larger ones get 413.")
+    max_text_chars: int = _setting(
+        10_000, _positive_int, "Longest text in characters; tokens are also capped by the model's maximum."
+    )
+    max_inputs: int = _setting(64, _positive_int, "Most texts in one JSON request.")
+    max_top_k: int = _setting(100, _positive_int, "Largest top_k a request may ask for.")
+    max_targets: int = _setting(100, _positive_int, "Most targets a request may name.")
+    default_top_k: int = _setting(5, _positive_int, "top_k when the request gives none (the pipeline's 5).")
+    drain_timeout: float = _setting(
+        10.0, _non_negative_float, "Seconds to finish queued work on SIGTERM before answering the rest 503."
+    )
+    log_level: str = _setting(
+        "info", _choice("debug", "info", "warning", "error"), "Logging level."
+    )
+    log_json: bool = _setting(False, _flag, "Log one JSON object per line.", flag_kind="bool")
+
+    def resolved_torch_threads(self) -> int:
+        return self.torch_threads if self.torch_threads > 0 else available_cpus()
+
+
+def _flag_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _env_name(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def _parse(f: dataclasses.Field[Any], raw: str, origin: str) -> Any:
+    try:
+        return f.metadata["parse"](raw)
+    except ValueError as exc:
+        reason = str(exc) if not str(exc).startswith("invalid literal") else "not a number"
+        raise SettingsError(f"{origin}: invalid value {raw!r} ({reason})") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="maskserve",
+        description="Serve a Hugging Face fill-mask model over HTTP. Every flag also reads "
+        f"{ENV_PREFIX}<FLAG> from the environment (e.g. {ENV_PREFIX}PORT).",
+    )
+    for f in dataclasses.fields(Settings):
+        help_text = f"{f.metadata['help']} [env {_env_name(f.name)}; default {f.default!r}]"
+        if f.metadata.get("flag_kind") == "bool":
+            parser.add_argument(
+                _flag_name(f.name), dest=f.name, default=None, action=argparse.BooleanOptionalAction, help=help_text
+            )
+        else:
+            parser.add_argument(_flag_name(f.name), dest=f.name, default=None, metavar="VALUE", help=help_text)
+    return parser
+
+
+def load_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    """Settings from CLI flags, then ``MASKSERVE_*`` variables, then defaults.
+
+    Raises :class:`SettingsError` naming the flag (or variable) and the bad value.
+    """
+    environ = os.environ if env is None else env
+    args = build_parser().parse_args(list(argv) if argv is not None else [])
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(Settings):
+        given = getattr(args, f.name)
+        if isinstance(given, bool):
+            values[f.name] = given
+        elif given is not None:
+            values[f.name] = _parse(f, given, _flag_name(f.name))
+        elif _env_name(f.name) in environ:
+            values[f.name] = _parse(f, environ[_env_name(f.name)], _env_name(f.name))
+    return Settings(**values)

@@ -1,0 +1,32 @@
+"""Request handlers. They parse, queue and shape; they never touch torch."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from .batcher import Answer
+from .deadlines import request_deadline
+from .keys import BATCHER_KEY, MODEL_KEY, PARSER_KEY
+from .schemas import shape_response
+
+
+def timing_headers(answers: list[Answer]) -> dict[str, str]:
+    """How the request was served; with several texts, the slowest text's figures."""
+    return {
+        "X-Queue-Time-Ms": f"{max(a.queued_s for a in answers) * 1000:.2f}",
+        "X-Inference-Time-Ms": f"{max(a.inference_s for a in answers) * 1000:.2f}",
+        "X-Batch-Size": str(max(a.batch_size for a in answers)),
+    }
+
+
+async def fill_mask(request: web.Request) -> web.Response:
+    """``POST /``: raw text or the Inference API's JSON in, the pipeline's JSON out."""
+    deadline = request_deadline(request)
+    parser = request.app[PARSER_KEY]
+    body = await request.read()
+    parsed = parser.parse(body, request.content_type)
+    queries = parser.queries(parsed, request.app[MODEL_KEY])
+    answers = await request.app[BATCHER_KEY].answer(queries, deadline)
+    return web.json_response(
+        shape_response(parsed, [a.predictions for a in answers]), headers=timing_headers(answers)
+    )
