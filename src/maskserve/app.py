@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
-from .batcher import BatchLimits, Batcher
+from .batcher import Batcher, BatchLimits
 from .errors import ShuttingDown
 from .keys import BATCHER_KEY, MODEL_KEY, PARSER_KEY, SETTINGS_KEY
 from .middleware.errors import error_middleware

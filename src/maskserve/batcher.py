@@ -15,7 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .errors import DeadlineExceeded, InferenceFailed, Overloaded, ShuttingDown
 from .model_api import FillMaskModel, Query, TextPredictions
@@ -304,7 +304,7 @@ class Batcher:
         self._in_flight = _InFlight(started=time.monotonic(), predicted_s=self.cost.predict(padded))
         try:
             outcomes, seconds = await loop.run_in_executor(self.executor, self._infer, queries)
-        except Exception:  # noqa: BLE001 - a bug in the isolation itself: fail this batch only
+        except Exception:
             log.exception("batch of %d failed outside the model", len(batch))
             outcomes, seconds = [InferenceFailed("inference failed")] * len(batch), loop.time() - started
         finally:

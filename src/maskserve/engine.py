@@ -77,7 +77,7 @@ class FillMaskEngine:
         if tokenizer.pad_token_id is None:
             raise ModelLoadError(f"the tokenizer of {name!r} defines no padding token: it cannot batch")
         self.tokenizer = tokenizer
-        self.model = model.eval()
+        self.model = model.eval()  # type: ignore[no-untyped-call]
         self.name = name
         self.device = device
         self.mask_token: str = tokenizer.mask_token
@@ -249,7 +249,7 @@ def load_engine(model: str | None, *, device: str = "cpu", dtype: str = "auto", 
         loaded, info = AutoModelForMaskedLM.from_pretrained(
             str(source), output_loading_info=True, **_dtype_kwarg(target_dtype)
         )
-    except Exception as exc:  # noqa: BLE001 - every reason to fail is reported the same way
+    except Exception as exc:
         raise ModelLoadError(f"could not load model {str(source)!r}: {exc}") from exc
     missing = sorted(info.get("missing_keys", ()))
     if missing:

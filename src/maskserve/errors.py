@@ -31,7 +31,6 @@ per-client rate limiting (see ``examples/``), so the two causes never look alike
 from __future__ import annotations
 
 
-
 class MaskserveError(Exception):
     """Base of every error a client may see. Never raised itself."""
 

@@ -52,9 +52,7 @@ def request_schema(limits: Limits) -> dict[str, Any]:
         "required": ["inputs"],
         "additionalProperties": False,
         "properties": {
-            "inputs": {
-                "oneOf": [text, {"type": "array", "items": text, "minItems": 1, "maxItems": limits.max_inputs}]
-            },
+            "inputs": {"oneOf": [text, {"type": "array", "items": text, "minItems": 1, "maxItems": limits.max_inputs}]},
             "parameters": {
                 "type": ["object", "null"],
                 "additionalProperties": False,

@@ -157,8 +157,7 @@ class Settings:
     request_timeout: float = _setting(
         30.0,
         _positive_float,
-        "Seconds a request may take end to end before 504. Clients may shorten it with "
-        "X-Request-Timeout.",
+        "Seconds a request may take end to end before 504. Clients may shorten it with X-Request-Timeout.",
     )
     max_body_bytes: int = _setting(1_048_576, _positive_int, "Largest request body; larger ones get 413.")
     max_text_chars: int = _setting(
@@ -171,9 +170,7 @@ class Settings:
     drain_timeout: float = _setting(
         10.0, _non_negative_float, "Seconds to finish queued work on SIGTERM before answering the rest 503."
     )
-    log_level: str = _setting(
-        "info", _choice("debug", "info", "warning", "error"), "Logging level."
-    )
+    log_level: str = _setting("info", _choice("debug", "info", "warning", "error"), "Logging level.")
     log_json: bool = _setting(False, _flag, "Log one JSON object per line.", flag_kind="bool")
 
     def resolved_torch_threads(self) -> int:

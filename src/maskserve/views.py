@@ -27,6 +27,4 @@ async def fill_mask(request: web.Request) -> web.Response:
     parsed = parser.parse(body, request.content_type)
     queries = parser.queries(parsed, request.app[MODEL_KEY])
     answers = await request.app[BATCHER_KEY].answer(queries, deadline)
-    return web.json_response(
-        shape_response(parsed, [a.predictions for a in answers]), headers=timing_headers(answers)
-    )
+    return web.json_response(shape_response(parsed, [a.predictions for a in answers]), headers=timing_headers(answers))

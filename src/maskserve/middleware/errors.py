@@ -79,7 +79,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             exc.headers[REQUEST_ID_HEADER] = request_id
             raise
         error = _from_http_exception(exc)
-    except Exception:  # noqa: BLE001 - the whole point: nothing unexpected reaches a client as is
+    except Exception:
         log.exception("unexpected error [request_id=%s]", request_id)
         error = InternalError(INTERNAL_MESSAGE)
     else:

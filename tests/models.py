@@ -1,0 +1,284 @@
+"""Tiny random-weight masked LMs built on this machine, deterministically, never downloaded.
+
+FIELD.md §7: transformers 5 ignores tokenizer file paths given as keywords, so paths are passed
+positionally and each built tokenizer is checked for length and a round trip.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tokenizers import ByteLevelBPETokenizer
+from transformers import (
+    AutoTokenizer,
+    BertConfig,
+    BertForMaskedLM,
+    BertModel,
+    BertTokenizerFast,
+    RobertaConfig,
+    RobertaForMaskedLM,
+    RobertaTokenizerFast,
+)
+
+WORDS = [
+    "the",
+    "a",
+    "an",
+    "is",
+    "was",
+    "of",
+    "and",
+    "to",
+    "in",
+    "on",
+    "at",
+    "for",
+    "with",
+    "by",
+    "from",
+    "paris",
+    "france",
+    "capital",
+    "city",
+    "country",
+    "river",
+    "london",
+    "england",
+    "berlin",
+    "germany",
+    "rome",
+    "italy",
+    "madrid",
+    "spain",
+    "big",
+    "small",
+    "old",
+    "new",
+    "good",
+    "bad",
+    "red",
+    "blue",
+    "green",
+    "cat",
+    "dog",
+    "bird",
+    "fish",
+    "horse",
+    "cow",
+    "house",
+    "car",
+    "road",
+    "tree",
+    "sky",
+    "sun",
+    "moon",
+    "star",
+    "water",
+    "fire",
+    "earth",
+    "air",
+    "day",
+    "night",
+    "man",
+    "woman",
+    "child",
+    "king",
+    "queen",
+    "people",
+    "time",
+    "year",
+    "way",
+    "world",
+    "life",
+    "hand",
+    "part",
+    "place",
+    "case",
+    "week",
+    "company",
+    "system",
+    "program",
+    "question",
+    "work",
+    "government",
+    "number",
+    "point",
+    "home",
+    "water",
+    "room",
+    "mother",
+    "area",
+    "money",
+    "story",
+    "fact",
+    "month",
+    "lot",
+    "right",
+    "study",
+    "book",
+    "eye",
+    "job",
+    "word",
+    "business",
+    "issue",
+    "side",
+    "kind",
+    "head",
+    "service",
+    "friend",
+    "father",
+    "power",
+    "hour",
+    "game",
+    "line",
+    "end",
+    "member",
+    "law",
+    "car",
+    "city",
+    "community",
+    "name",
+    "president",
+    "team",
+    "minute",
+    "idea",
+    "kid",
+    "body",
+    "information",
+    "back",
+    "parent",
+    "face",
+    "others",
+    "level",
+    "office",
+    "door",
+    "health",
+    "person",
+    "art",
+    "war",
+    "history",
+    "party",
+    "result",
+    "change",
+    "morning",
+    "reason",
+    "research",
+    "girl",
+    "guy",
+    "moment",
+    "air",
+    "teacher",
+    "force",
+    "education",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "lazy",
+    "runs",
+    "walks",
+    "eats",
+    "sleeps",
+    "sings",
+    "reads",
+    "writes",
+    ".",
+    ",",
+    "!",
+    "?",
+]
+
+CORPUS = [
+    "paris is the capital of france.",
+    "the quick brown fox jumps over the lazy dog.",
+    "london is a big city in england on a river.",
+    "a small cat sleeps in the old house at night.",
+    "the king and the queen walk to the green tree.",
+] * 20
+
+
+def _readable(model: torch.nn.Module, special_ids: list[int]) -> None:
+    """Random models favour special tokens (shown as empty strings); push those down."""
+    bias = model.get_output_embeddings().bias
+    with torch.no_grad():
+        bias[special_ids] = -20.0
+
+
+def build_bert(folder: Path, *, seed: int = 0, with_head: bool = True) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(WORDS))
+    vocab_file = folder / "vocab.txt"
+    vocab_file.write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    tokenizer = BertTokenizerFast(str(vocab_file), do_lower_case=True)  # positional path: §7
+    assert len(tokenizer) == len(vocab), "tokenizer built without its vocabulary"
+    assert tokenizer.decode(tokenizer("paris is the capital")["input_ids"], skip_special_tokens=True) == (
+        "paris is the capital"
+    )
+    tokenizer.save_pretrained(folder)
+    config = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+    torch.manual_seed(seed)
+    if with_head:
+        model = BertForMaskedLM(config)
+        _readable(model, [0, 1, 2, 3, 4])
+    else:
+        model = BertModel(config)
+    model.save_pretrained(folder)
+    return folder
+
+
+def build_roberta(folder: Path, *, seed: int = 0) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(CORPUS + [" ".join(WORDS)], vocab_size=400, min_frequency=1, special_tokens=specials)
+    bpe.save_model(str(folder))
+    tokenizer = RobertaTokenizerFast(str(folder / "vocab.json"), str(folder / "merges.txt"))  # positional: §7
+    assert len(tokenizer) == len(json.loads((folder / "vocab.json").read_text(encoding="utf-8")))
+    assert tokenizer.decode(tokenizer(" paris is the capital")["input_ids"], skip_special_tokens=True) == (
+        " paris is the capital"
+    )
+    tokenizer.save_pretrained(folder)
+    config = RobertaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=130,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        type_vocab_size=1,
+    )
+    torch.manual_seed(seed)
+    model = RobertaForMaskedLM(config)
+    _readable(model, [0, 1, 2, 3, 4])
+    model.save_pretrained(folder)
+    return folder
+
+
+def build_maskless(folder: Path) -> Path:
+    """A BERT whose tokenizer has no mask token: it must be refused at start-up."""
+    build_bert(folder)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    config_file = folder / "tokenizer_config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    config.pop("mask_token", None)
+    config_file.write_text(json.dumps(config), encoding="utf-8")
+    special_file = folder / "special_tokens_map.json"
+    if special_file.exists():
+        special = json.loads(special_file.read_text(encoding="utf-8"))
+        special.pop("mask_token", None)
+        special_file.write_text(json.dumps(special), encoding="utf-8")
+    del tokenizer
+    return folder
