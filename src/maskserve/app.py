@@ -11,8 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 from aiohttp import web
 
 from .batcher import Batcher, BatchLimits
+from .breaker import CircuitBreaker
 from .errors import ShuttingDown
-from .keys import BATCHER_KEY, MODEL_KEY, PARSER_KEY, SETTINGS_KEY
+from .keys import BATCHER_KEY, BREAKER_KEY, MODEL_KEY, PARSER_KEY, SETTINGS_KEY
+from .middleware.circuit_breaker import circuit_breaker_middleware
 from .middleware.errors import error_middleware
 from .model_api import FillMaskModel
 from .routes import setup_routes
@@ -26,6 +28,8 @@ MIDDLEWARES = (
     # Outermost, so nothing raised below it reaches a client unsanitized, and every response
     # (errors included) carries its request id.
     error_middleware,
+    # Before any handler reads a body: refusing at the door must cost (almost) nothing.
+    circuit_breaker_middleware,
 )
 
 
@@ -73,6 +77,7 @@ def inference_context(
         batcher = Batcher(loaded, executor, batch_limits(settings))
         app[MODEL_KEY] = loaded
         app[BATCHER_KEY] = batcher
+        app[BREAKER_KEY] = CircuitBreaker(batcher)
         task = asyncio.create_task(batcher.run(), name="maskserve-batch-loop")
         try:
             yield

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from .errors import DeadlineExceeded, InferenceFailed, Overloaded, ShuttingDown
 from .model_api import FillMaskModel, Query, TextPredictions
+from .packing import choose_batch
 
 log = logging.getLogger(__name__)
 
@@ -76,30 +77,48 @@ class DropCounts:
     abandoned: int = 0
 
 
-class CostEstimate:
-    """Exponentially weighted seconds per padded token and per batch, from measured batches.
+class CostModel:
+    """Seconds a forward pass takes, as ``fixed + per_token x padded tokens``.
 
-    Used to predict how long a newly queued text waits, for Retry-After and admission.
-    Until the first batch is measured the prediction is 0: never refuse on a guess.
+    Fitted by exponentially weighted least squares over recent batches, so it follows the model,
+    the machine and the load as they change. It predicts how long queued work will take (for
+    Retry-After, admission and dropping requests that cannot make their deadline) and weighs a
+    split into sub-batches against one padded batch. Until a batch is measured it predicts 0:
+    never refuse on a guess.
     """
 
-    def __init__(self, alpha: float = 0.2) -> None:
-        self.alpha = alpha
-        self.seconds_per_token: float | None = None
-        self.seconds_per_batch: float | None = None
+    def __init__(self, decay: float = 0.9) -> None:
+        self.decay = decay
+        self._w = self._x = self._y = self._xx = self._xy = 0.0
 
     def observe(self, report: BatchReport) -> None:
-        per_token = report.seconds / max(1, report.padded_tokens)
-        if self.seconds_per_token is None or self.seconds_per_batch is None:
-            self.seconds_per_token, self.seconds_per_batch = per_token, report.seconds
-            return
-        self.seconds_per_token += self.alpha * (per_token - self.seconds_per_token)
-        self.seconds_per_batch += self.alpha * (report.seconds - self.seconds_per_batch)
+        x, y, d = float(report.padded_tokens), report.seconds, self.decay
+        self._w = d * self._w + 1.0
+        self._x = d * self._x + x
+        self._y = d * self._y + y
+        self._xx = d * self._xx + x * x
+        self._xy = d * self._xy + x * y
 
-    def predict(self, padded_tokens: int) -> float:
-        if self.seconds_per_token is None:
-            return 0.0
-        return padded_tokens * self.seconds_per_token
+    @property
+    def measured(self) -> bool:
+        return self._w > 0
+
+    def coefficients(self) -> tuple[float, float]:
+        """(fixed seconds per batch, seconds per padded token), both >= 0."""
+        if not self.measured:
+            return 0.0, 0.0
+        mean_x, mean_y = self._x / self._w, self._y / self._w
+        variance = self._xx / self._w - mean_x * mean_x
+        if variance <= 1e-9 * max(1.0, mean_x * mean_x):
+            # All batches had the same size: no slope to fit, charge it all per token.
+            return 0.0, mean_y / max(1.0, mean_x)
+        per_token = max(0.0, (self._xy / self._w - mean_x * mean_y) / variance)
+        fixed = max(0.0, mean_y - per_token * mean_x)
+        return fixed, per_token
+
+    def predict(self, padded_tokens: int, batches: int = 1) -> float:
+        fixed, per_token = self.coefficients()
+        return fixed * batches + per_token * padded_tokens
 
 
 def predict_isolating(model: FillMaskModel, queries: Sequence[Query]) -> list[TextPredictions | Exception]:
@@ -126,6 +145,11 @@ class _InFlight:
     predicted_s: float
 
 
+# How many waiting texts the packer looks at per batch: enough to sort lengths apart, few enough
+# that planning stays well under a millisecond (it runs on the event loop).
+PACKING_WINDOW_BATCHES = 2
+
+
 class Batcher:
     """Owns the queue and the batch loop; start :meth:`run` as one task."""
 
@@ -133,13 +157,16 @@ class Batcher:
         self.model = model
         self.executor = executor
         self.limits = limits
-        self.cost = CostEstimate()
+        self.cost = CostModel()
         self.drops = DropCounts()
         self.listeners: list[Callable[[BatchReport], None]] = [self.cost.observe]
         self.batches_run = 0
         self.last_progress = time.monotonic()  # refreshed by the inference thread (heartbeat)
         self._queue: deque[WorkItem] = deque()
+        self._queued_tokens = 0
         self._arrived = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._closed = False
         self._in_flight: _InFlight | None = None
 
@@ -158,17 +185,29 @@ class Batcher:
     def busy(self) -> bool:
         return self._in_flight is not None
 
+    @property
+    def busy_for(self) -> float:
+        """Seconds the forward pass in flight has been running; 0 when idle."""
+        in_flight = self._in_flight
+        return 0.0 if in_flight is None else time.monotonic() - in_flight.started
+
     def is_full(self, extra: int = 1) -> bool:
         return self.depth + extra > self.limits.max_queue
 
-    def predicted_wait(self, extra_tokens: int = 0) -> float:
-        """Seconds until a text queued now, of ``extra_tokens``, would have its answer."""
-        loop_now = time.monotonic()
+    def predicted_wait(self, extra_texts: int = 0, extra_tokens: int = 0) -> float:
+        """Seconds until texts queued now would have their answers, by the measured cost."""
         remaining = 0.0
         if self._in_flight is not None:
-            remaining = max(0.0, self._in_flight.predicted_s - (loop_now - self._in_flight.started))
-        queued_tokens = sum(item.n_tokens for item in self._queue) + extra_tokens
-        return remaining + self.cost.predict(queued_tokens)
+            remaining = max(0.0, self._in_flight.predicted_s - self.busy_for)
+        texts = self.depth + extra_texts
+        if texts == 0:
+            return remaining
+        batches = -(-texts // self.limits.max_batch_size)
+        return remaining + self.cost.predict(self._queued_tokens + extra_tokens, batches=batches)
+
+    def retry_after(self) -> float:
+        """Seconds until the work ahead is done, by the measured cost; at least 1."""
+        return max(1.0, self.predicted_wait())
 
     def submit(self, query: Query, deadline: float) -> asyncio.Future[Answer]:
         """Queue one text; ``deadline`` is on the event loop's clock. Raises when refused."""
@@ -179,6 +218,8 @@ class Batcher:
         loop = asyncio.get_running_loop()
         item = WorkItem(query=query, future=loop.create_future(), enqueued_at=loop.time(), deadline=deadline)
         self._queue.append(item)
+        self._queued_tokens += item.n_tokens
+        self._idle.clear()
         self._arrived.set()
         return item.future
 
@@ -194,19 +235,14 @@ class Batcher:
         if self.is_full(len(queries)):
             raise Overloaded("the queue is full; retry later", retry_after=self.retry_after())
         futures = [self.submit(query, deadline) for query in queries]
-        remaining = deadline - asyncio.get_running_loop().time()
         try:
-            async with asyncio.timeout(remaining):
+            async with asyncio.timeout_at(deadline):
                 return list(await asyncio.gather(*futures))
         except TimeoutError:
             raise DeadlineExceeded("the request did not finish within its deadline") from None
         finally:
             for future in futures:
                 future.cancel()  # no-op on finished ones; frees the others' queue slots
-
-    def retry_after(self) -> float:
-        """Seconds until the work ahead is done, by the measured cost; at least 1."""
-        return max(1.0, self.predicted_wait())
 
     def close(self) -> None:
         """Stop intake: every later :meth:`submit` raises :class:`ShuttingDown`."""
@@ -217,19 +253,20 @@ class Batcher:
         """Answer everything still queued with ``error``; returns how many were waiting."""
         failed = 0
         while self._queue:
-            item = self._queue.popleft()
+            item = self._pop()
             if not item.future.done():
                 item.future.set_exception(error)
                 failed += 1
         return failed
 
-    async def drain(self, timeout: float) -> bool:
-        """After :meth:`close`, wait up to ``timeout`` s for the queue and the batch in flight."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + timeout
-        while (self._queue or self._in_flight is not None) and loop.time() < end:
-            await asyncio.sleep(0.01)
-        return not self._queue and self._in_flight is None
+    async def drain(self, budget: float) -> bool:
+        """After :meth:`close`, wait up to ``budget`` seconds for the queue and the batch in flight."""
+        try:
+            async with asyncio.timeout(budget):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
 
     # -- the batch loop -------------------------------------------------------------------------
 
@@ -238,6 +275,7 @@ class Batcher:
         loop = asyncio.get_running_loop()
         while True:
             if not self._queue:
+                self._idle.set()
                 self._arrived.clear()
                 await self._arrived.wait()
                 continue
@@ -266,35 +304,56 @@ class Batcher:
             except TimeoutError:
                 return
 
-    def _take_batch(self, now: float) -> list[WorkItem]:
-        """Take items in arrival order within the size and padded-token budget.
+    def _pop(self) -> WorkItem:
+        item = self._queue.popleft()
+        self._queued_tokens -= item.n_tokens
+        return item
 
-        Items whose future is done (client gone, deadline handled by the view) or whose deadline
-        has passed are dropped here: they never cost a forward pass.
+    def _sweep(self, now: float) -> None:
+        """Drop items at the head that need no forward pass: done, expired, or sure to expire.
+
+        A future is already done when its client left (handler cancelled) or the view's own
+        deadline fired. An item whose deadline will pass before even a batch of one could finish
+        is answered 504 now instead of costing a forward pass it cannot use.
         """
-        batch: list[WorkItem] = []
-        longest = 0
-        while self._queue and len(batch) < self.limits.max_batch_size:
+        while self._queue:
             item = self._queue[0]
             if item.future.done():
-                self._queue.popleft()
+                self._pop()
                 if now >= item.deadline:
                     self.drops.expired += 1
                 else:
                     self.drops.abandoned += 1
-                continue
-            if now >= item.deadline:
-                self._queue.popleft()
+            elif now + self.cost.predict(item.n_tokens) >= item.deadline:
+                self._pop()
                 self.drops.expired += 1
-                item.future.set_exception(DeadlineExceeded("the request's deadline passed while it was queued"))
-                continue
-            new_longest = max(longest, item.n_tokens)
-            # Padded cost is texts x longest text; the first item always fits, however long.
-            if batch and (len(batch) + 1) * new_longest > self.limits.max_batch_tokens:
+                item.future.set_exception(DeadlineExceeded("the request could not finish within its deadline"))
+            else:
+                return
+
+    def _take_batch(self, now: float) -> list[WorkItem]:
+        """Choose the next batch: packed by length, always holding the oldest live item."""
+        self._sweep(now)
+        window: list[WorkItem] = []
+        for item in self._queue:
+            if len(window) >= PACKING_WINDOW_BATCHES * self.limits.max_batch_size:
                 break
-            self._queue.popleft()
-            batch.append(item)
-            longest = new_longest
+            if not item.future.done():
+                window.append(item)
+        if not window:
+            return []
+        fixed, per_token = self.cost.coefficients()
+        chosen = choose_batch(
+            [item.n_tokens for item in window],
+            max_batch_size=self.limits.max_batch_size,
+            max_batch_tokens=self.limits.max_batch_tokens,
+            # Before any measurement, assume a pass costs as much as 32 tokens of compute.
+            batch_overhead_tokens=fixed / per_token if per_token > 0 else 32.0,
+        )
+        batch = [window[i] for i in chosen]
+        taken = {id(item) for item in batch}
+        self._queue = deque(item for item in self._queue if id(item) not in taken)
+        self._queued_tokens -= sum(item.n_tokens for item in batch)
         return batch
 
     async def _run_batch(self, loop: asyncio.AbstractEventLoop, batch: list[WorkItem]) -> None:
@@ -304,7 +363,7 @@ class Batcher:
         self._in_flight = _InFlight(started=time.monotonic(), predicted_s=self.cost.predict(padded))
         try:
             outcomes, seconds = await loop.run_in_executor(self.executor, self._infer, queries)
-        except Exception:
+        except Exception:  # a bug in the isolation itself: fail this batch only, keep serving
             log.exception("batch of %d failed outside the model", len(batch))
             outcomes, seconds = [InferenceFailed("inference failed")] * len(batch), loop.time() - started
         finally:
@@ -312,13 +371,12 @@ class Batcher:
         self.batches_run += 1
         failed = 0
         for item, outcome in zip(batch, outcomes):
-            if item.future.done():
-                continue  # the client left or timed out while its batch ran
             if isinstance(outcome, Exception):
                 failed += 1
                 log.error("inference failed for one input", exc_info=outcome)
-                item.future.set_exception(InferenceFailed("the model failed on this input"))
-            else:
+                if not item.future.done():
+                    item.future.set_exception(InferenceFailed("the model failed on this input"))
+            elif not item.future.done():  # else the client left or timed out while its batch ran
                 item.future.set_result(
                     Answer(outcome, queued_s=started - item.enqueued_at, inference_s=seconds, batch_size=len(batch))
                 )

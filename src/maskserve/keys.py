@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from .batcher import Batcher
+from .breaker import CircuitBreaker
 from .model_api import FillMaskModel
 from .schemas import RequestParser
 from .settings import Settings
@@ -13,6 +14,7 @@ SETTINGS_KEY = web.AppKey("settings", Settings)
 MODEL_KEY = web.AppKey("model", FillMaskModel)
 BATCHER_KEY = web.AppKey("batcher", Batcher)
 PARSER_KEY = web.AppKey("parser", RequestParser)
+BREAKER_KEY = web.AppKey("breaker", CircuitBreaker)
 
 REQUEST_ID_KEY = web.RequestKey("request_id", str)
 # Set by the error middleware on failed requests, for the access log line.

@@ -1,0 +1,49 @@
+"""The circuit breaker's state: whether a request may come in now. Plain class, no HTTP.
+
+Refusing at the door is cheap and honest: the client learns at once that it must come back, with
+a ``Retry-After`` computed from the work ahead, instead of waiting for a 504 that also cost the
+server a forward pass (FIELD.md §3 items 1-3).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from .batcher import Batcher
+from .errors import Overloaded, ServiceUnavailable, ShuttingDown
+
+
+class CircuitBreaker:
+    """Decides admission from the batcher's queue and measured cost; counts what it refuses."""
+
+    def __init__(self, batcher: Batcher) -> None:
+        self.batcher = batcher
+        # Refusals by reason: queue_full, predicted_timeout, shutting_down.
+        self.refused: Counter[str] = Counter()
+
+    def check(self, time_left: float) -> None:
+        """Raise a 503 error if a request with ``time_left`` seconds should not come in now."""
+        error = self._refusal(time_left)
+        if error is not None:
+            raise error
+
+    def _refusal(self, time_left: float) -> ServiceUnavailable | None:
+        batcher = self.batcher
+        if batcher.closed:
+            self.refused["shutting_down"] += 1
+            return ShuttingDown("the server is shutting down and accepts no new work", retry_after=1.0)
+        if batcher.is_full():
+            self.refused["queue_full"] += 1
+            return Overloaded(
+                f"the server is at capacity ({batcher.depth} texts queued); retry later",
+                retry_after=batcher.retry_after(),
+            )
+        # Its own text adds at least one more batch of work; the wait already ahead is known.
+        predicted = batcher.predicted_wait(extra_texts=1)
+        if predicted > time_left:
+            self.refused["predicted_timeout"] += 1
+            return Overloaded(
+                f"the predicted wait ({predicted:.1f}s) exceeds this request's deadline ({time_left:.1f}s)",
+                retry_after=batcher.retry_after(),
+            )
+        return None
