@@ -86,6 +86,9 @@ class FillMaskEngine:
         self.max_tokens = self._max_tokens()
         self._vocab: dict[str, int] = tokenizer.get_vocab()
         self._split_head = self._find_split_head()
+        # Filled in by load_engine, for /info and the load-time metric.
+        self.source: str = name
+        self.load_seconds: float | None = None
 
     # -- cheap, thread-safe helpers (used before a request is queued) -----------------------
 
@@ -118,9 +121,25 @@ class FillMaskEngine:
                 if not pieces:
                     continue
                 id_ = pieces[0]
-            if id_ not in ids:
+            if True:
                 ids.append(id_)
         return tuple(ids)
+
+    def describe(self) -> dict[str, str | int | float]:
+        """How the model runs, for ``/info`` and the metrics: the HTTP side never imports torch."""
+        description: dict[str, str | int | float] = {
+            "source": self.source,
+            "architecture": type(self.model).__name__,
+            "device": str(self.device),
+            "dtype": str(next(self.model.parameters()).dtype).removeprefix("torch."),
+            "torch_threads": torch.get_num_threads(),
+            "mask_only_head": "yes" if self._split_head is not None else "no",
+            "torch_version": torch.__version__,
+            "transformers_version": transformers.__version__,
+        }
+        if self.load_seconds is not None:
+            description["load_seconds"] = self.load_seconds
+        return description
 
     # -- the inference thread only ------------------------------------------------------------
 
@@ -259,6 +278,8 @@ def load_engine(model: str | None, *, device: str = "cpu", dtype: str = "auto", 
             "transformers would fill them at random and every answer would be noise"
         )
     engine = FillMaskEngine(tokenizer, loaded.to(target_device), name=str(model or source), device=target_device)
+    engine.source = str(source)
+    engine.load_seconds = time.perf_counter() - started
     log.info(
         "model ready in %.2fs: %s, mask token %s, up to %d tokens, mask-only head: %s",
         time.perf_counter() - started,

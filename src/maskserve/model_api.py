@@ -59,3 +59,16 @@ class FillMaskModel(Protocol):
     def predict(self, queries: Sequence[Query]) -> list[TextPredictions]:
         """One :data:`TextPredictions` per query, in order, from one forward pass."""
         ...
+
+    def describe(self) -> dict[str, str | int | float]:
+        """How the model runs (device, dtype, torch threads, versions, load_seconds), for ``/info``.
+
+        Cheap and thread-safe. Test doubles may lack it: callers use :func:`describe_model`.
+        """
+        ...
+
+
+def describe_model(model: FillMaskModel) -> dict[str, str | int | float]:
+    """``model.describe()``, or an empty description for a model (a test double) without one."""
+    describe = getattr(model, "describe", None)
+    return dict(describe()) if callable(describe) else {}
