@@ -268,17 +268,22 @@ def build_roberta(folder: Path, *, seed: int = 0) -> Path:
 
 
 def build_maskless(folder: Path) -> Path:
-    """A BERT whose tokenizer has no mask token: it must be refused at start-up."""
+    """A BERT whose tokenizer has no mask token: it must be refused at start-up.
+
+    ``BertTokenizer`` (4.x and 5.x) brings ``[MASK]`` as a class default, so the folder names the
+    generic ``PreTrainedTokenizerFast`` instead and drops ``mask_token`` from every file.
+    """
     build_bert(folder)
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
     config_file = folder / "tokenizer_config.json"
     config = json.loads(config_file.read_text(encoding="utf-8"))
     config.pop("mask_token", None)
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
     config_file.write_text(json.dumps(config), encoding="utf-8")
     special_file = folder / "special_tokens_map.json"
     if special_file.exists():
         special = json.loads(special_file.read_text(encoding="utf-8"))
         special.pop("mask_token", None)
         special_file.write_text(json.dumps(special), encoding="utf-8")
-    del tokenizer
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    assert tokenizer.mask_token is None and tokenizer.pad_token == "[PAD]", "the mask token survived"
     return folder

@@ -121,7 +121,7 @@ class FillMaskEngine:
                 if not pieces:
                     continue
                 id_ = pieces[0]
-            if True:
+            if id_ not in ids:
                 ids.append(id_)
         return tuple(ids)
 
