@@ -63,6 +63,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("must be 0 or more")
+    return value
+
+
 def _non_negative_float(text: str) -> float:
     value = float(text)
     if not value >= 0 or value == float("inf"):
@@ -130,7 +137,7 @@ class Settings:
     )
     torch_threads: int = _setting(
         0,
-        int,
+        _non_negative_int,
         "torch intra-op threads; 0 = the CPUs this process may use (affinity and cgroup aware). "
         "More threads than cores makes every forward pass slower.",
     )

@@ -1,0 +1,165 @@
+"""Settings: defaults, flag over environment over default, and refusals that name the culprit."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+
+from maskserve.settings import ENV_PREFIX, Settings, SettingsError, available_cpus, build_parser, load_settings
+
+FIELDS = [f.name for f in dataclasses.fields(Settings)]
+# A valid value for each field that differs from its default, as text (flag and env form).
+OTHER_VALUES: dict[str, tuple[str, object]] = {
+    "host": ("0.0.0.0", "0.0.0.0"),
+    "port": ("9001", 9001),
+    "model": ("/models/bert", "/models/bert"),
+    "device": ("auto", "auto"),
+    "dtype": ("float16", "float16"),
+    "torch_threads": ("3", 3),
+    "max_batch_size": ("7", 7),
+    "max_batch_tokens": ("999", 999),
+    "max_batch_delay": ("0.005", 0.005),
+    "max_queue": ("11", 11),
+    "request_timeout": ("2.5", 2.5),
+    "max_body_bytes": ("4096", 4096),
+    "max_text_chars": ("77", 77),
+    "max_inputs": ("3", 3),
+    "max_top_k": ("9", 9),
+    "max_targets": ("4", 4),
+    "default_top_k": ("2", 2),
+    "drain_timeout": ("1.5", 1.5),
+    "log_level": ("debug", "debug"),
+    "log_json": ("true", True),
+}
+BAD_VALUES: dict[str, str] = {
+    "port": "70000",
+    "device": "tpu",
+    "dtype": "int8",
+    "torch_threads": "many",
+    "max_batch_size": "0",
+    "max_batch_tokens": "-5",
+    "max_batch_delay": "-1",
+    "max_queue": "1.5",
+    "request_timeout": "0",
+    "max_body_bytes": "big",
+    "max_text_chars": "0",
+    "max_inputs": "0",
+    "max_top_k": "0",
+    "max_targets": "x",
+    "default_top_k": "0",
+    "drain_timeout": "inf",
+    "log_level": "loud",
+    "log_json": "maybe",
+}
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def env(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def flag_args(name: str, raw: str) -> list[str]:
+    if name == "log_json":
+        return ["--log-json"] if raw == "true" else ["--no-log-json"]
+    return [flag(name), raw]
+
+
+def test_every_field_is_covered_by_these_tests() -> None:
+    # A new setting must get a test value here, or this suite would silently skip it.
+    assert set(OTHER_VALUES) == set(FIELDS)
+
+
+def test_defaults_without_flags_or_environment() -> None:
+    settings = load_settings([], env={})
+    assert settings == Settings()
+    assert (settings.host, settings.port, settings.model) == ("127.0.0.1", 8000, None)
+    assert (settings.device, settings.dtype, settings.torch_threads) == ("cpu", "auto", 0)
+    assert (settings.max_batch_size, settings.max_batch_tokens, settings.max_batch_delay) == (32, 8192, 0.0)
+    assert (settings.max_queue, settings.max_body_bytes, settings.max_text_chars) == (256, 1_048_576, 10_000)
+    assert (settings.max_top_k, settings.default_top_k, settings.log_json) == (100, 5, False)
+
+
+def test_settings_are_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Settings().port = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("name", FIELDS)
+def test_every_field_reads_its_environment_variable(name: str) -> None:
+    raw, expected = OTHER_VALUES[name]
+    settings = load_settings([], env={env(name): raw})
+    assert getattr(settings, name) == expected
+    assert getattr(settings, name) != getattr(Settings(), name)
+
+
+@pytest.mark.parametrize("name", FIELDS)
+def test_every_field_has_a_flag(name: str) -> None:
+    raw, expected = OTHER_VALUES[name]
+    assert getattr(load_settings(flag_args(name, raw), env={}), name) == expected
+
+
+def test_flag_beats_environment_beats_default() -> None:
+    assert load_settings([], env={}).max_batch_size == 32
+    assert load_settings([], env={"MASKSERVE_MAX_BATCH_SIZE": "8"}).max_batch_size == 8
+    assert load_settings(["--max-batch-size", "4"], env={"MASKSERVE_MAX_BATCH_SIZE": "8"}).max_batch_size == 4
+    assert load_settings(["--no-log-json"], env={"MASKSERVE_LOG_JSON": "1"}).log_json is False
+
+
+def test_environment_defaults_to_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MASKSERVE_PORT", "8123")
+    assert load_settings([]).port == 8123
+
+
+@pytest.mark.parametrize("name", sorted(set(BAD_VALUES) - {"log_json"}))  # --log-json takes no value
+def test_bad_flag_value_names_flag_and_value(name: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings([flag(name), BAD_VALUES[name]], env={})
+    assert flag(name) in str(caught.value)
+    assert repr(BAD_VALUES[name]) in str(caught.value)
+
+
+@pytest.mark.parametrize("name", sorted(BAD_VALUES))
+def test_bad_environment_value_names_variable_and_value(name: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings([], env={env(name): BAD_VALUES[name]})
+    assert env(name) in str(caught.value)
+    assert repr(BAD_VALUES[name]) in str(caught.value)
+
+
+def test_every_field_but_host_and_model_can_be_refused() -> None:
+    assert set(BAD_VALUES) == set(FIELDS) - {"host", "model"}
+
+
+def test_negative_torch_threads_are_refused() -> None:
+    with pytest.raises(SettingsError, match=r"--torch-threads: invalid value '-2'"):
+        load_settings(["--torch-threads", "-2"], env={})
+
+
+def test_torch_threads_default_to_the_cpus_this_process_may_use() -> None:
+    assert Settings().resolved_torch_threads() == available_cpus()
+    assert 1 <= available_cpus() <= len(os.sched_getaffinity(0))
+    assert Settings(torch_threads=3).resolved_torch_threads() == 3
+
+
+def test_help_lists_every_flag_and_its_variable() -> None:
+    text = build_parser().format_help()
+    for name in FIELDS:
+        assert flag(name) in text
+        assert env(name) in text
+
+
+def test_cli_help_lists_every_flag() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "maskserve", "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    # argparse wraps long lines; flags stay whole.
+    for name in FIELDS:
+        assert flag(name) in result.stdout
