@@ -110,8 +110,9 @@ class CostModel:
         mean_x, mean_y = self._x / self._w, self._y / self._w
         variance = self._xx / self._w - mean_x * mean_x
         if variance <= 1e-9 * max(1.0, mean_x * mean_x):
-            # All batches had the same size: no slope to fit, charge it all per token.
-            return 0.0, mean_y / max(1.0, mean_x)
+            # All batches had the same size: no slope to fit yet. Charge half to the pass and half
+            # to its tokens, a prior that keeps batches whole until sizes vary enough to tell.
+            return mean_y / 2, mean_y / (2 * max(1.0, mean_x))
         per_token = max(0.0, (self._xy / self._w - mean_x * mean_y) / variance)
         fixed = max(0.0, mean_y - per_token * mean_x)
         return fixed, per_token

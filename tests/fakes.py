@@ -1,0 +1,87 @@
+"""Models for driving the batcher and the server into corners: gated, poisoned, recording.
+
+``ControlledModel`` wraps a real engine (or :class:`EchoModel`) and records every batch the
+inference thread ran; it can hold a forward pass until released, and raise for chosen texts.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+from maskserve.model_api import FillMaskModel, Prediction, Query, TextPredictions
+
+
+class EchoModel:
+    """A pure-Python model: its one prediction names the text's token ids, so answers are checkable."""
+
+    name = "echo"
+    mask_token = "[MASK]"
+    max_tokens = 512
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        # One token per word, plus [CLS]/[SEP]; "[MASK]" is token 4 as in BERT.
+        return (101, *(4 if word == "[MASK]" else 1000 + len(word) for word in text.split()), 102)
+
+    def count_masks(self, input_ids: Sequence[int]) -> int:
+        return sum(1 for i in input_ids if i == 4)
+
+    def resolve_targets(self, targets: Sequence[str]) -> tuple[int, ...]:
+        return tuple(dict.fromkeys(1000 + len(t) for t in targets if t.strip()))
+
+    def predict(self, queries: Sequence[Query]) -> list[TextPredictions]:
+        return [
+            [
+                [Prediction(score=1.0, token=sum(q.input_ids), token_str="echo", sequence=str(q.input_ids))]
+                for _ in range(self.count_masks(q.input_ids))
+            ]
+            for q in queries
+        ]
+
+
+class ControlledModel:
+    """Wraps a model; records batches, can gate forward passes and raise for chosen inputs."""
+
+    def __init__(self, inner: FillMaskModel | None = None) -> None:
+        self.inner: FillMaskModel = inner if inner is not None else EchoModel()
+        self.name = self.inner.name
+        self.mask_token = self.inner.mask_token
+        self.max_tokens = self.inner.max_tokens
+        self.batches: list[list[tuple[int, ...]]] = []
+        self.gate = threading.Event()
+        self.gate.set()  # open: passes run freely until a test closes it
+        self.entered = threading.Event()  # set when a pass starts (and waits at the gate)
+        self.poisoned: set[tuple[int, ...]] = set()
+        self.fail_all = False
+        self.on_predict: Callable[[Sequence[Query]], None] | None = None
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        return self.inner.encode(text)
+
+    def count_masks(self, input_ids: Sequence[int]) -> int:
+        return self.inner.count_masks(input_ids)
+
+    def resolve_targets(self, targets: Sequence[str]) -> tuple[int, ...]:
+        return self.inner.resolve_targets(targets)
+
+    def hold(self) -> None:
+        """Make the next forward passes wait until :meth:`release`."""
+        self.entered.clear()
+        self.gate.clear()
+
+    def release(self) -> None:
+        self.gate.set()
+
+    def predict(self, queries: Sequence[Query]) -> list[TextPredictions]:
+        self.batches.append([q.input_ids for q in queries])
+        self.entered.set()
+        if not self.gate.wait(timeout=30):
+            raise RuntimeError("test gate never released")
+        if self.fail_all:
+            raise RuntimeError("injected fault for every input")
+        if any(q.input_ids in self.poisoned for q in queries):
+            raise RuntimeError("injected fault: poisoned input in this batch")
+        return self.inner.predict(queries)
+
+    def batch_sizes(self) -> list[int]:
+        return [len(b) for b in self.batches]

@@ -1,0 +1,276 @@
+"""The batcher driven without HTTP: a real event loop, a real inference thread, a controlled model."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from maskserve.batcher import Batcher, BatchLimits, BatchReport, CostModel, predict_isolating
+from maskserve.errors import DeadlineExceeded, InferenceFailed, Overloaded, ShuttingDown
+from maskserve.model_api import Query
+
+from .fakes import ControlledModel, EchoModel
+
+
+def query(text: str, model: EchoModel | ControlledModel | None = None) -> Query:
+    return Query(input_ids=(model or EchoModel()).encode(text), top_k=1)
+
+
+@contextlib.asynccontextmanager
+async def running(model: ControlledModel, **limits: float) -> AsyncIterator[Batcher]:
+    executor = ThreadPoolExecutor(max_workers=1)
+    batcher = Batcher(model, executor, BatchLimits(**limits))  # type: ignore[arg-type]
+    task = asyncio.create_task(batcher.run())
+    try:
+        yield batcher
+    finally:
+        model.release()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        executor.shutdown(wait=True)
+
+
+async def wait_until_entered(model: ControlledModel) -> None:
+    await asyncio.to_thread(model.entered.wait, 5)
+
+
+def later(seconds: float) -> float:
+    return asyncio.get_running_loop().time() + seconds
+
+
+async def test_idle_model_starts_a_lone_request_at_once() -> None:
+    model = ControlledModel()
+    model.hold()
+    async with running(model) as batcher:
+        first = asyncio.create_task(batcher.answer([query("a [MASK]")], later(5)))
+        await wait_until_entered(model)  # it started alone: nobody waited for company
+        second = asyncio.create_task(batcher.answer([query("b b [MASK]")], later(5)))
+        await asyncio.sleep(0.05)
+        model.release()
+        await asyncio.gather(first, second)
+    assert model.batch_sizes() == [1, 1]
+
+
+async def test_requests_arriving_while_the_model_is_busy_run_together() -> None:
+    model = ControlledModel()
+    model.hold()
+    async with running(model) as batcher:
+        first = asyncio.create_task(batcher.answer([query("a [MASK]")], later(5)))
+        await wait_until_entered(model)
+        texts = [f"w{n} [MASK]" for n in range(1, 6)]
+        rest = [asyncio.create_task(batcher.answer([query(t)], later(5))) for t in texts]
+        await asyncio.sleep(0.05)
+        model.release()
+        answers = await asyncio.gather(first, *rest)
+    assert model.batch_sizes() == [1, 5]
+    # Each caller got the answer to its own text.
+    for text, (answer,) in zip(["a [MASK]", *texts], answers):
+        assert answer.predictions[0][0]["token"] == sum(EchoModel().encode(text))
+    assert answers[1][0].batch_size == 5
+
+
+async def test_batch_size_and_token_budget_bound_each_batch() -> None:
+    model = ControlledModel()
+    model.hold()
+    async with running(model, max_batch_size=3, max_batch_tokens=40) as batcher:
+        first = asyncio.create_task(batcher.answer([query("a [MASK]")], later(5)))
+        await wait_until_entered(model)
+        short = [asyncio.create_task(batcher.answer([query("x [MASK]")], later(5))) for _ in range(7)]
+        long = asyncio.create_task(batcher.answer([query("w " * 30 + "[MASK]")], later(5)))
+        await asyncio.sleep(0.05)
+        model.release()
+        await asyncio.gather(first, *short, long)
+    assert all(size <= 3 for size in model.batch_sizes())
+    for batch in model.batches:
+        assert len(batch) == 1 or len(batch) * max(len(ids) for ids in batch) <= 40
+    assert sum(model.batch_sizes()) == 9
+
+
+async def test_batch_delay_is_one_deadline_from_the_oldest_request_not_restarted_per_arrival() -> None:
+    model = ControlledModel()
+    async with running(model, max_batch_delay=0.3, max_batch_size=64) as batcher:
+        tasks = []
+        for _ in range(12):  # one arrival every 0.1 s for 1.2 s: a per-fetch timer never fires
+            tasks.append(asyncio.create_task(batcher.answer([query("a [MASK]")], later(10))))
+            await asyncio.sleep(0.1)
+        await asyncio.gather(*tasks)
+    assert len(model.batches) >= 3, model.batch_sizes()
+    assert max(model.batch_sizes()) < 12
+
+
+async def test_full_queue_refuses_with_retry_after() -> None:
+    model = ControlledModel()
+    model.hold()
+    async with running(model, max_queue=2) as batcher:
+        first = asyncio.create_task(batcher.answer([query("a [MASK]")], later(5)))
+        await wait_until_entered(model)
+        queued = [asyncio.create_task(batcher.answer([query("b [MASK]")], later(5))) for _ in range(2)]
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded) as refused:
+            await batcher.answer([query("c [MASK]")], later(5))
+        assert refused.value.retry_after >= 1
+        with pytest.raises(Overloaded):  # all or nothing: a 2-text request does not fit either
+            await batcher.answer([query("c [MASK]"), query("d [MASK]")], later(5))
+        model.release()
+        await asyncio.gather(first, *queued)
+    assert model.batch_sizes() == [1, 2]
+
+
+async def test_expired_request_is_answered_504_and_never_reaches_the_model() -> None:
+    model = ControlledModel()
+    model.hold()
+    async with running(model) as batcher:
+        first = asyncio.create_task(batcher.answer([query("a [MASK]")], later(5)))
+        await wait_until_entered(model)
+        with pytest.raises(DeadlineExceeded):
+            await batcher.answer([query("late late [MASK]")], later(0.05))
+        model.release()
+        await first
+        await batcher.answer([query("after [MASK]")], later(5))
+    assert EchoModel().encode("late late [MASK]") not in [ids for batch in model.batches for ids in batch]
+    assert batcher.drops.expired == 1
+
+
+async def test_request_sure_to_miss_its_deadline_is_dropped_before_inference() -> None:
+    model = ControlledModel()
+    model.hold()
+    async with running(model) as batcher:
+        # Measured: every pass takes 10 s, so a text with 1 s left cannot make it.
+        batcher.cost.observe(BatchReport(size=1, real_tokens=3, padded_tokens=3, seconds=10.0, failed=0))
+        first = asyncio.create_task(batcher.answer([query("a [MASK]")], later(60)))
+        await wait_until_entered(model)
+        doomed = asyncio.create_task(batcher.answer([query("doomed doomed [MASK]")], later(1.0)))
+        await asyncio.sleep(0.05)
+        model.release()
+        await first
+        with pytest.raises(DeadlineExceeded):
+            await doomed
+    assert model.batch_sizes() == [1]
+    assert batcher.drops.expired == 1
+
+
+async def test_abandoned_requests_are_dropped_before_the_next_batch() -> None:
+    model = ControlledModel()
+    model.hold()
+    async with running(model) as batcher:
+        first = asyncio.create_task(batcher.answer([query("a [MASK]")], later(5)))
+        await wait_until_entered(model)
+        leaving = [asyncio.create_task(batcher.answer([query("gone [MASK]")], later(5))) for _ in range(5)]
+        staying = asyncio.create_task(batcher.answer([query("stay here [MASK]")], later(5)))
+        await asyncio.sleep(0.02)
+        for task in leaving:
+            task.cancel()  # what aiohttp does to a handler whose client disconnected
+        await asyncio.sleep(0.02)
+        model.release()
+        await asyncio.gather(first, staying)
+    assert model.batches == [[EchoModel().encode("a [MASK]")], [EchoModel().encode("stay here [MASK]")]]
+    assert batcher.drops.abandoned == 5
+
+
+async def test_poisoned_input_fails_alone_and_its_neighbours_get_answers() -> None:
+    model = ControlledModel()
+    poison = query("poison [MASK]")
+    model.poisoned.add(poison.input_ids)
+    model.hold()
+    async with running(model) as batcher:
+        first = asyncio.create_task(batcher.answer([query("a [MASK]")], later(5)))
+        await wait_until_entered(model)
+        texts = ["one [MASK]", "poison [MASK]", "three three [MASK]", "four four four [MASK]"]
+        tasks = [asyncio.create_task(batcher.answer([query(t)], later(5))) for t in texts]
+        await asyncio.sleep(0.02)
+        model.release()
+        await first
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert isinstance(results[1], InferenceFailed)
+    assert "poison" not in results[1].message
+    for index in (0, 2, 3):
+        assert not isinstance(results[index], BaseException)
+
+
+async def test_model_failing_everything_fails_each_request_cleanly_and_recovers() -> None:
+    model = ControlledModel()
+    model.fail_all = True
+    async with running(model) as batcher:
+        results = await asyncio.gather(
+            *(batcher.answer([query(f"{'w ' * n}[MASK]")], later(5)) for n in range(4)), return_exceptions=True
+        )
+        assert all(isinstance(r, InferenceFailed) for r in results)
+        model.fail_all = False
+        (answer,) = await batcher.answer([query("fine [MASK]")], later(5))
+    assert answer.predictions[0][0]["token"] == sum(EchoModel().encode("fine [MASK]"))
+
+
+def test_isolation_bisects_down_to_the_failing_input() -> None:
+    model = ControlledModel()
+    queries = [query(f"{'w ' * n}[MASK]") for n in range(8)]
+    model.poisoned.add(queries[5].input_ids)
+    outcomes = predict_isolating(model, queries)
+    assert [isinstance(o, Exception) for o in outcomes] == [i == 5 for i in range(8)]
+    assert len(model.batches) < 2 * 8  # bisection, not one retry per input after every failure
+
+
+async def test_closed_batcher_refuses_new_work_and_drains_what_it_accepted() -> None:
+    model = ControlledModel()
+    model.hold()
+    async with running(model) as batcher:
+        accepted = [asyncio.create_task(batcher.answer([query(f"t{n} [MASK]")], later(5))) for n in range(3)]
+        await wait_until_entered(model)
+        batcher.close()
+        with pytest.raises(ShuttingDown):
+            await batcher.answer([query("late [MASK]")], later(5))
+        model.release()
+        assert await batcher.drain(5)
+        results = await asyncio.gather(*accepted)
+    assert len(results) == 3
+
+
+async def test_fail_pending_answers_everything_still_queued() -> None:
+    model = ControlledModel()
+    model.hold()
+    async with running(model) as batcher:
+        first = asyncio.create_task(batcher.answer([query("a [MASK]")], later(5)))
+        await wait_until_entered(model)
+        waiting = [asyncio.create_task(batcher.answer([query("b [MASK]")], later(5))) for _ in range(3)]
+        await asyncio.sleep(0)
+        batcher.close()
+        assert not await batcher.drain(0.05)
+        assert batcher.fail_pending(ShuttingDown("stopping")) == 3
+        results = await asyncio.gather(*waiting, return_exceptions=True)
+        model.release()
+        await first
+    assert all(isinstance(r, ShuttingDown) for r in results)
+
+
+def test_cost_model_learns_fixed_and_per_token_cost() -> None:
+    cost = CostModel()
+    assert cost.predict(1000) == 0.0  # never refuse on a guess
+    cost.observe(BatchReport(size=1, real_tokens=100, padded_tokens=100, seconds=0.02, failed=0))
+    assert cost.coefficients() == pytest.approx((0.01, 1e-4))  # one size seen: half per pass, half per token
+    for padded in (100, 400, 800, 200, 600, 300, 700, 500) * 20:
+        cost.observe(
+            BatchReport(size=4, real_tokens=padded, padded_tokens=padded, seconds=0.01 + padded * 1e-4, failed=0)
+        )
+    fixed, per_token = cost.coefficients()
+    assert fixed == pytest.approx(0.01, rel=1e-3)
+    assert per_token == pytest.approx(1e-4, rel=1e-3)
+    assert cost.predict(1000, batches=2) == pytest.approx(0.02 + 0.1, rel=1e-3)
+
+
+async def test_predicted_wait_grows_with_the_queue() -> None:
+    model = ControlledModel()
+    model.hold()
+    async with running(model) as batcher:
+        batcher.cost.observe(BatchReport(size=1, real_tokens=10, padded_tokens=10, seconds=0.5, failed=0))
+        first = asyncio.create_task(batcher.answer([query("a [MASK]")], later(30)))
+        await wait_until_entered(model)
+        empty = batcher.predicted_wait()
+        tasks = [asyncio.create_task(batcher.answer([query("b b b [MASK]")], later(30))) for _ in range(10)]
+        await asyncio.sleep(0)
+        assert batcher.predicted_wait() > empty
+        model.release()
+        await asyncio.gather(first, *tasks)
