@@ -32,6 +32,7 @@ OTHER_VALUES: dict[str, tuple[str, object]] = {
     "max_targets": ("4", 4),
     "default_top_k": ("2", 2),
     "drain_timeout": ("1.5", 1.5),
+    "stall_timeout": ("45", 45.0),
     "log_level": ("debug", "debug"),
     "log_json": ("true", True),
 }
@@ -52,6 +53,7 @@ BAD_VALUES: dict[str, str] = {
     "max_targets": "x",
     "default_top_k": "0",
     "drain_timeout": "inf",
+    "stall_timeout": "0",
     "log_level": "loud",
     "log_json": "maybe",
 }

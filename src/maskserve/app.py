@@ -8,15 +8,20 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 
+import aiohttp_jinja2
+import jinja2
 from aiohttp import web
 
 from .batcher import Batcher, BatchLimits
 from .breaker import CircuitBreaker
 from .errors import ShuttingDown
-from .keys import BATCHER_KEY, BREAKER_KEY, MODEL_KEY, PARSER_KEY, SETTINGS_KEY
+from .keys import BATCH_LOOP_KEY, BATCHER_KEY, BREAKER_KEY, METRICS_KEY, MODEL_KEY, PARSER_KEY, SETTINGS_KEY
+from .metrics import Metrics
 from .middleware.circuit_breaker import circuit_breaker_middleware
 from .middleware.errors import error_middleware
+from .middleware.metrics import metrics_middleware
 from .model_api import FillMaskModel
+from .page import security_headers
 from .routes import setup_routes
 from .schemas import Limits, RequestParser
 from .settings import Settings
@@ -25,8 +30,11 @@ log = logging.getLogger(__name__)
 
 # The middleware chain, outermost first.
 MIDDLEWARES = (
-    # Outermost, so nothing raised below it reaches a client unsanitized, and every response
-    # (errors included) carries its request id.
+    # Outside the error middleware, so it counts and times responses as clients got them; it
+    # only observes and never raises.
+    metrics_middleware,
+    # Around all that can fail, so nothing raised below it reaches a client unsanitized, and every
+    # response (errors included) carries its request id.
     error_middleware,
     # Before any handler reads a body: refusing at the door must cost (almost) nothing.
     circuit_breaker_middleware,
@@ -78,7 +86,9 @@ def inference_context(
         app[MODEL_KEY] = loaded
         app[BATCHER_KEY] = batcher
         app[BREAKER_KEY] = CircuitBreaker(batcher)
+        app[METRICS_KEY].attach(batcher, app[BREAKER_KEY])
         task = asyncio.create_task(batcher.run(), name="maskserve-batch-loop")
+        app[BATCH_LOOP_KEY] = task
         try:
             yield
         finally:
@@ -98,6 +108,12 @@ async def drain_on_shutdown(app: web.Application) -> None:
     batcher = app[BATCHER_KEY]
     batcher.close()
     settings = app[SETTINGS_KEY]
+    log.info(
+        "shutting down: draining %d queued texts%s (budget %.1fs)",
+        batcher.depth,
+        " and the batch in flight" if batcher.busy else "",
+        settings.drain_timeout,
+    )
     if not await batcher.drain(settings.drain_timeout):
         refused = batcher.fail_pending(ShuttingDown("the server stopped before this request ran"))
         log.warning("drain budget of %.1fs spent; answered %d queued requests 503", settings.drain_timeout, refused)
@@ -108,7 +124,18 @@ def create_app(settings: Settings, *, engine: FillMaskModel | None = None) -> we
     app = web.Application(middlewares=list(MIDDLEWARES), client_max_size=settings.max_body_bytes)
     app[SETTINGS_KEY] = settings
     app[PARSER_KEY] = RequestParser(request_limits(settings))
+    app[METRICS_KEY] = Metrics()
     app.cleanup_ctx.append(inference_context(engine))
     app.on_shutdown.append(drain_on_shutdown)
+    # The demo page's templates, from the package; autoescape on, and a missing variable is an
+    # error rather than an empty string.
+    aiohttp_jinja2.setup(
+        app,
+        loader=jinja2.PackageLoader("maskserve", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    # CSP on HTML, nosniff and Referrer-Policy everywhere (static files and errors included).
+    app.on_response_prepare.append(security_headers)
     setup_routes(app)
     return app

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
-from .batcher import Batcher
+from .batcher import Answer, Batcher
 from .breaker import CircuitBreaker
+from .metrics import Metrics
 from .model_api import FillMaskModel
 from .schemas import RequestParser
 from .settings import Settings
@@ -15,9 +18,14 @@ MODEL_KEY = web.AppKey("model", FillMaskModel)
 BATCHER_KEY = web.AppKey("batcher", Batcher)
 PARSER_KEY = web.AppKey("parser", RequestParser)
 BREAKER_KEY = web.AppKey("breaker", CircuitBreaker)
+METRICS_KEY = web.AppKey("metrics", Metrics)
+# The batch loop's task, so /livez can tell when it died.
+BATCH_LOOP_KEY: web.AppKey[asyncio.Task[None]] = web.AppKey("batch_loop")
 
 REQUEST_ID_KEY = web.RequestKey("request_id", str)
 # Set by the error middleware on failed requests, for the access log line.
 ERROR_KIND_KEY = web.RequestKey("error_kind", str)
 # The request's deadline on the event loop's clock, once computed (see deadlines.py).
 DEADLINE_KEY = web.RequestKey("deadline", float)
+# Set by the fill-mask view: how each text was served, for the queue-wait metric.
+ANSWERS_KEY: web.RequestKey[list[Answer]] = web.RequestKey("answers")

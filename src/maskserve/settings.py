@@ -177,6 +177,12 @@ class Settings:
     drain_timeout: float = _setting(
         10.0, _non_negative_float, "Seconds to finish queued work on SIGTERM before answering the rest 503."
     )
+    stall_timeout: float = _setting(
+        60.0,
+        _positive_float,
+        "Seconds one forward pass may run before /livez answers 503 (stuck inference thread). "
+        "Keep it well above your slowest batch, or a busy but healthy server gets restarted.",
+    )
     log_level: str = _setting("info", _choice("debug", "info", "warning", "error"), "Logging level.")
     log_json: bool = _setting(False, _flag, "Log one JSON object per line.", flag_kind="bool")
 

@@ -6,7 +6,7 @@ from aiohttp import web
 
 from .batcher import Answer
 from .deadlines import request_deadline
-from .keys import BATCHER_KEY, MODEL_KEY, PARSER_KEY
+from .keys import ANSWERS_KEY, BATCHER_KEY, METRICS_KEY, MODEL_KEY, PARSER_KEY
 from .schemas import shape_response
 
 
@@ -27,4 +27,11 @@ async def fill_mask(request: web.Request) -> web.Response:
     parsed = parser.parse(body, request.content_type)
     queries = parser.queries(parsed, request.app[MODEL_KEY])
     answers = await request.app[BATCHER_KEY].answer(queries, deadline)
+    request[ANSWERS_KEY] = answers
     return web.json_response(shape_response(parsed, [a.predictions for a in answers]), headers=timing_headers(answers))
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """``GET /metrics``: the app's Prometheus registry in the text exposition format."""
+    body, content_type = request.app[METRICS_KEY].exposition()
+    return web.Response(body=body, headers={"Content-Type": content_type})

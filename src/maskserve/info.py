@@ -1,0 +1,76 @@
+"""``GET /info``: what is served and how: model, runtime, batching, breaker, limits, versions.
+
+Everything comes from the settings and the model's own ``describe()``: the HTTP side never
+imports torch, and nothing here runs the model.
+"""
+
+from __future__ import annotations
+
+import platform
+
+import aiohttp
+from aiohttp import web
+
+from . import __version__
+from .keys import MODEL_KEY, SETTINGS_KEY
+from .model_api import FillMaskModel, describe_model
+from .settings import Settings
+
+Section = dict[str, str | int | float | bool | None]
+
+
+def model_section(model: FillMaskModel | None) -> Section | None:
+    """The model and how it runs; fields a model (a test double) cannot tell are null."""
+    if model is None:
+        return None
+    description = describe_model(model)
+    return {
+        "name": model.name,
+        "source": description.get("source"),
+        "architecture": description.get("architecture"),
+        "mask_token": model.mask_token,
+        "max_tokens": model.max_tokens,
+        "device": description.get("device"),
+        "dtype": description.get("dtype"),
+        "torch_threads": description.get("torch_threads"),
+        "mask_only_head": description.get("mask_only_head"),
+        "load_seconds": description.get("load_seconds"),
+    }
+
+
+def server_info(settings: Settings, model: FillMaskModel | None) -> dict[str, Section | None]:
+    description = describe_model(model) if model is not None else {}
+    return {
+        "model": model_section(model),
+        "batching": {
+            "max_batch_size": settings.max_batch_size,
+            "max_batch_tokens": settings.max_batch_tokens,
+            "max_batch_delay_s": settings.max_batch_delay,
+        },
+        "breaker": {
+            "max_queue": settings.max_queue,
+            "request_timeout_s": settings.request_timeout,
+            "drain_timeout_s": settings.drain_timeout,
+            "stall_timeout_s": settings.stall_timeout,
+        },
+        "limits": {
+            "max_body_bytes": settings.max_body_bytes,
+            "max_text_chars": settings.max_text_chars,
+            "max_inputs": settings.max_inputs,
+            "max_top_k": settings.max_top_k,
+            "max_targets": settings.max_targets,
+            "default_top_k": settings.default_top_k,
+        },
+        "versions": {
+            "maskserve": __version__,
+            "torch": description.get("torch_version"),
+            "transformers": description.get("transformers_version"),
+            "aiohttp": aiohttp.__version__,
+            "python": platform.python_version(),
+        },
+    }
+
+
+async def info(request: web.Request) -> web.Response:
+    """``GET /info``: the served model and the server's configuration, as JSON."""
+    return web.json_response(server_info(request.app[SETTINGS_KEY], request.app.get(MODEL_KEY)))

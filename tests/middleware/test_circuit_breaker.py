@@ -1,0 +1,183 @@
+"""Circuit breaking through the real app and HTTP: 503 at the door, 504 on deadlines, clients that leave."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from maskserve.batcher import BatchReport
+from maskserve.keys import BATCHER_KEY, BREAKER_KEY
+
+from ..conftest import ClientFactory
+from ..fakes import ControlledModel, EchoModel
+
+
+async def wait_until_entered(model: ControlledModel) -> None:
+    await asyncio.to_thread(model.entered.wait, 5)
+
+
+async def test_full_queue_answers_503_with_retry_after_before_reading_the_body(make_client: ClientFactory) -> None:
+    model = ControlledModel()
+    client = await make_client(engine=model, max_queue=2, max_body_bytes=1024)
+    model.hold()
+    try:
+        busy = asyncio.create_task(client.post("/", data="a [MASK]"))
+        await wait_until_entered(model)
+        queued = [asyncio.create_task(client.post("/", data="b [MASK]")) for _ in range(2)]
+        while client.app[BATCHER_KEY].depth < 2:
+            await asyncio.sleep(0.01)
+        # A body over the size limit would be a 413 if anything read it: the breaker answers first.
+        response = await client.post("/", data=b"x" * 4096)
+        assert response.status == 503
+        assert int(response.headers["Retry-After"]) >= 1
+        body = await response.json()
+        assert body["error"]["kind"] == "overloaded"
+        assert body["error"]["request_id"] == response.headers["X-Request-Id"]
+        assert client.app[BREAKER_KEY].refused["queue_full"] == 1
+    finally:
+        model.release()
+    assert all(r.status == 200 for r in await asyncio.gather(busy, *queued))
+
+
+async def test_predicted_wait_beyond_the_request_deadline_answers_503(make_client: ClientFactory) -> None:
+    model = ControlledModel()
+    client = await make_client(engine=model)
+    batcher = client.app[BATCHER_KEY]
+    batcher.cost.observe(BatchReport(size=1, real_tokens=4, padded_tokens=4, seconds=3.0, failed=0))
+    model.hold()
+    try:
+        busy = asyncio.create_task(client.post("/", data="a [MASK]"))
+        await wait_until_entered(model)
+        response = await client.post("/", data="b [MASK]", headers={"X-Request-Timeout": "0.5"})
+        assert response.status == 503
+        assert "Retry-After" in response.headers
+        assert (await response.json())["error"]["kind"] == "overloaded"
+    finally:
+        model.release()
+    assert (await busy).status == 200
+
+
+async def test_get_routes_are_never_shed(make_client: ClientFactory) -> None:
+    model = ControlledModel()
+    client = await make_client(engine=model, max_queue=1)
+    model.hold()
+    try:
+        busy = asyncio.create_task(client.post("/", data="a [MASK]"))
+        await wait_until_entered(model)
+        queued = asyncio.create_task(client.post("/", data="b [MASK]"))
+        while client.app[BATCHER_KEY].depth < 1:
+            await asyncio.sleep(0.01)
+        assert (await client.post("/", data="c [MASK]")).status == 503
+        for path in ("/no-such-page", "/"):
+            response = await client.get(path)
+            assert response.status != 503, path
+    finally:
+        model.release()
+    await asyncio.gather(busy, queued)
+
+
+async def test_deadline_answers_504_at_once_while_the_model_is_stuck(make_client: ClientFactory) -> None:
+    model = ControlledModel()
+    client = await make_client(engine=model)
+    model.hold()
+    try:
+        busy = asyncio.create_task(client.post("/", data="a [MASK]", headers={"X-Request-Timeout": "0.2"}))
+        await wait_until_entered(model)
+        response = await busy  # the forward pass is still held: the answer cannot wait for it
+        assert response.status == 504
+        body = await response.json()
+        assert body["error"]["kind"] == "timeout"
+    finally:
+        model.release()
+
+
+async def test_client_cannot_lengthen_the_server_deadline(make_client: ClientFactory) -> None:
+    model = ControlledModel()
+    client = await make_client(engine=model, request_timeout=0.2)
+    model.hold()
+    try:
+        response = await client.post("/", data="a [MASK]", headers={"X-Request-Timeout": "60"})
+        assert response.status == 504
+    finally:
+        model.release()
+
+
+async def test_bad_timeout_header_answers_400_naming_it(make_client: ClientFactory) -> None:
+    client = await make_client(engine=ControlledModel())
+    for value in ("soon", "-1", "0", "nan", "inf"):
+        response = await client.post("/", data="a [MASK]", headers={"X-Request-Timeout": value})
+        assert response.status == 400, value
+        body = await response.json()
+        assert body["error"]["kind"] == "invalid_header"
+        assert "X-Request-Timeout" in body["error"]["message"]
+
+
+async def test_queued_request_whose_deadline_passed_never_costs_a_forward_pass(make_client: ClientFactory) -> None:
+    model = ControlledModel()
+    client = await make_client(engine=model)
+    model.hold()
+    try:
+        busy = asyncio.create_task(client.post("/", data="a [MASK]"))
+        await wait_until_entered(model)
+        late = await client.post("/", data="late late [MASK]", headers={"X-Request-Timeout": "0.1"})
+        assert late.status == 504
+    finally:
+        model.release()
+    assert (await busy).status == 200
+    assert (await client.post("/", data="next [MASK]")).status == 200
+    ran = [ids for batch in model.batches for ids in batch]
+    assert EchoModel().encode("late late [MASK]") not in ran
+    assert client.app[BATCHER_KEY].drops.expired == 1
+
+
+async def test_clients_that_disconnect_while_queued_are_dropped_before_inference(make_client: ClientFactory) -> None:
+    model = ControlledModel()
+    client = await make_client(engine=model)
+    batcher = client.app[BATCHER_KEY]
+    model.hold()
+    try:
+        busy = asyncio.create_task(client.post("/", data="a [MASK]"))
+        await wait_until_entered(model)
+        url = client.make_url("/")
+        leavers = 6
+        async with aiohttp.ClientSession() as other:
+            tasks = [asyncio.create_task(other.post(url, data=f"leaver {'x ' * n}[MASK]")) for n in range(leavers)]
+            while batcher.depth < leavers:
+                await asyncio.sleep(0.01)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        # Closing the session closed the connections: aiohttp cancels their handlers.
+        stayer = asyncio.create_task(client.post("/", data="stayer [MASK]"))
+        await asyncio.sleep(0.1)
+    finally:
+        model.release()
+    assert (await busy).status == 200
+    assert (await stayer).status == 200
+    ran = [ids for batch in model.batches[1:] for ids in batch]
+    assert ran == [EchoModel().encode("stayer [MASK]")]
+    assert batcher.drops.abandoned == leavers
+
+
+async def test_poisoned_input_answers_500_alone_and_its_batch_neighbours_200(make_client: ClientFactory) -> None:
+    model = ControlledModel()
+    model.poisoned.add(EchoModel().encode("poison pill [MASK]"))
+    client = await make_client(engine=model)
+    model.hold()
+    try:
+        busy = asyncio.create_task(client.post("/", data="a [MASK]"))
+        await wait_until_entered(model)
+        texts = ["one [MASK]", "poison pill [MASK]", "three [MASK]", "four [MASK]"]
+        tasks = [asyncio.create_task(client.post("/", data=t)) for t in texts]
+        while client.app[BATCHER_KEY].depth < len(texts):
+            await asyncio.sleep(0.01)
+    finally:
+        model.release()
+    await busy
+    responses = await asyncio.gather(*tasks)
+    assert [r.status for r in responses] == [200, 500, 200, 200]
+    error = (await responses[1].json())["error"]
+    assert error["kind"] == "inference_failed"
+    assert "injected" not in error["message"] and "RuntimeError" not in error["message"]
+    assert max(model.batch_sizes()) == 4  # they really shared a forward pass before isolation

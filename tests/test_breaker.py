@@ -1,0 +1,71 @@
+"""The breaker's decisions, driven without HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from maskserve.batcher import Batcher, BatchLimits, BatchReport
+from maskserve.breaker import CircuitBreaker
+from maskserve.errors import Overloaded, ShuttingDown
+from maskserve.model_api import Query
+
+from .fakes import EchoModel
+
+
+def make_batcher(**limits: int) -> Batcher:
+    return Batcher(EchoModel(), ThreadPoolExecutor(max_workers=1), BatchLimits(**limits))
+
+
+def fill(batcher: Batcher, texts: int, tokens: int = 10) -> None:
+    deadline = asyncio.get_running_loop().time() + 60
+    for _ in range(texts):
+        batcher.submit(Query(input_ids=(4,) * tokens, top_k=1), deadline)
+
+
+async def test_admits_when_the_queue_has_room_and_time_suffices() -> None:
+    breaker = CircuitBreaker(make_batcher(max_queue=4))
+    breaker.check(time_left=1.0)
+    assert not breaker.refused
+
+
+async def test_full_queue_is_refused_with_a_computed_retry_after() -> None:
+    batcher = make_batcher(max_queue=40, max_batch_size=4)
+    batcher.cost.observe(BatchReport(size=4, real_tokens=40, padded_tokens=40, seconds=0.5, failed=0))
+    fill(batcher, 40)
+    breaker = CircuitBreaker(batcher)
+    with pytest.raises(Overloaded) as refused:
+        breaker.check(time_left=1000.0)
+    # 40 texts in batches of 4 at 0.5 s a batch of 40 tokens: about 5 s of work ahead.
+    assert 4.0 <= refused.value.retry_after <= 6.0
+    assert refused.value.headers()["Retry-After"] in {"4", "5", "6"}
+    assert breaker.refused["queue_full"] == 1
+
+
+async def test_predicted_wait_beyond_the_deadline_is_refused_at_the_door() -> None:
+    batcher = make_batcher(max_queue=100, max_batch_size=4)
+    batcher.cost.observe(BatchReport(size=4, real_tokens=40, padded_tokens=40, seconds=0.5, failed=0))
+    fill(batcher, 20)
+    breaker = CircuitBreaker(batcher)
+    breaker.check(time_left=30.0)  # ~3 s of work ahead: fine with 30 s
+    with pytest.raises(Overloaded) as refused:
+        breaker.check(time_left=1.0)
+    assert "deadline" in refused.value.message
+    assert breaker.refused["predicted_timeout"] == 1
+
+
+async def test_unmeasured_cost_never_refuses_on_a_guess() -> None:
+    batcher = make_batcher(max_queue=100)
+    fill(batcher, 50)
+    CircuitBreaker(batcher).check(time_left=0.001)
+
+
+async def test_closed_batcher_is_refused_as_shutting_down() -> None:
+    batcher = make_batcher()
+    batcher.close()
+    breaker = CircuitBreaker(batcher)
+    with pytest.raises(ShuttingDown):
+        breaker.check(time_left=10.0)
+    assert breaker.refused["shutting_down"] == 1
