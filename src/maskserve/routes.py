@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from . import health, info, views
+from . import health, info, page, views
 
 # Routes that queue work for the model: the circuit breaker may refuse these, and only these.
 # Health, metrics, info and the demo page's GET are never shed.
@@ -15,6 +15,13 @@ def setup_routes(app: web.Application) -> None:
     app.add_routes(
         [
             web.post("/", views.fill_mask, name="fill_mask"),
+            # The demo page. The form posts to /demo, never to /: POST / reads any non-JSON body as
+            # raw text, so a urlencoded form there would be filled in, not decoded (see page.py).
+            # POST /demo consults the circuit breaker itself, to show a refusal inline.
+            web.get("/", page.index, name="index"),
+            web.post("/demo", page.demo, name="demo"),
+            web.get("/demo", page.demo_redirect, name="demo_redirect"),
+            web.static("/static", page.STATIC_DIR, name="static", append_version=True),
             # Operability: answered from the event loop, never shed, never touching the model.
             web.get("/livez", health.livez, name="livez"),
             web.get("/readyz", health.readyz, name="readyz"),

@@ -1,0 +1,304 @@
+"""The demo page: a server-rendered form that fills in masks through the API's own path.
+
+Routes (see routes.py):
+- ``GET /`` renders the page. ``?text=`` and ``?top_k=`` only fill in the form (the example
+  links), they never run the model: a GET stays cheap, and prefetchers or crawlers queue no work.
+- ``POST /demo`` takes the form (``application/x-www-form-urlencoded``) and answers the page with
+  the predictions, or with the error inline and the typed text kept. The form cannot post to
+  ``/``: ``POST /`` reads *any* non-JSON body as raw text (``curl -d`` sends urlencoded), so a
+  form body there would be filled in as ``text=...`` instead of being decoded. A POST rather than
+  a GET with the text in the URL, because a 10,000-character text does not fit in a request line.
+
+The page uses the API's parser, deadline, circuit breaker and batcher, so overload (503), timeout
+(504) and validation errors are the same decisions, rendered in plain words. Everything shown is
+escaped by Jinja's autoescape; nothing here marks text safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePath
+from urllib.parse import urlencode
+
+import aiohttp_jinja2
+from aiohttp import web
+
+from .batcher import Answer
+from .deadlines import request_deadline
+from .errors import (
+    DeadlineExceeded,
+    InvalidInput,
+    MaskserveError,
+    NoMaskToken,
+    ServiceUnavailable,
+    ShuttingDown,
+    TextTooLong,
+)
+from .keys import BATCHER_KEY, BREAKER_KEY, ERROR_KIND_KEY, MODEL_KEY, PARSER_KEY, REQUEST_ID_KEY
+from .model_api import Prediction
+from .schemas import FillMaskRequest, Limits
+from .views import timing_headers
+
+log = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).with_name("static")
+TEMPLATE = "index.html"
+
+# Sentences one click puts in the box; ``{mask}`` becomes the model's own mask token.
+EXAMPLES = (
+    "Paris is the {mask} of France.",
+    "The {mask} barked at the mailman all morning.",
+    "She poured a cup of {mask} and opened the newspaper.",
+    "Water boils at one hundred degrees {mask}.",
+)
+
+# The page loads only its own CSS and JS (no inline script or style, no third party); it may
+# not be framed, and its form posts only here.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+)
+# On every response, API included: they cost nothing and close MIME sniffing and URL leaks.
+COMMON_SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    # The page's URL may carry the typed text (?text=): never send it to another site.
+    "Referrer-Policy": "no-referrer",
+}
+
+
+async def security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: security headers on every response, the CSP on HTML ones."""
+    for name, value in COMMON_SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
+    if response.content_type == "text/html":
+        response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
+
+
+# -- what the template shows --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A piece of the filled-in sentence; ``filled`` pieces are predicted words, highlighted."""
+
+    text: str
+    filled: bool = False
+
+
+@dataclass(frozen=True)
+class Guess:
+    """One row of a mask's table: the word, its probability, and its bar's width class."""
+
+    rank: int
+    word: str
+    percent: str
+    # 0-100, relative to the top guess of the same mask; the CSS has one class per step, because
+    # the CSP forbids inline ``style`` attributes.
+    width: int
+
+
+@dataclass(frozen=True)
+class Result:
+    """Everything the page shows for an answered sentence."""
+
+    sentence: tuple[Segment, ...]
+    masks: tuple[tuple[Guess, ...], ...]
+    queued_ms: str
+    computing_ms: str
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class PageError:
+    """An error in plain words; ``field`` names the input it is about ("" for the whole form)."""
+
+    title: str
+    message: str
+    field: str = "text"
+
+
+def display_name(name: str) -> str:
+    """The model's name without the server's own directory layout.
+
+    A hub id (``google-bert/bert-base-uncased``) is shown as is; a local folder only by its last
+    two parts, so the page never reveals where the server keeps its files.
+    """
+    path = PurePath(name)
+    if path.is_absolute() or name.startswith((".", "~")) or len(path.parts) > 2:
+        return "/".join(path.parts[-2:])
+    return name
+
+
+def percent(score: float) -> str:
+    if 0 < score < 0.0005:
+        return "<0.1%"
+    return f"{score:.1%}"
+
+
+def guesses(predictions: list[Prediction]) -> tuple[Guess, ...]:
+    """A mask's table rows; bars are scaled to the top guess, so the picture reads at any score."""
+    top = max((p["score"] for p in predictions), default=0.0)
+    rows = []
+    for rank, p in enumerate(predictions, start=1):
+        width = round(100 * p["score"] / top) if top > 0 else 0
+        # A visible sliver for any non-zero score: a bar of width 0 reads as "impossible".
+        rows.append(Guess(rank=rank, word=p["token_str"], percent=percent(p["score"]), width=max(width, 1)))
+    return tuple(rows)
+
+
+def filled_sentence(text: str, mask_token: str, masks: list[list[Prediction]]) -> tuple[Segment, ...]:
+    """The user's own text with each mask replaced by its top guess, kept as separate parts.
+
+    Built from the typed text rather than the pipeline's ``sequence`` (which an uncased model
+    lowercases), and left in parts so the template escapes each one: the highlight never needs
+    markup built from user input.
+    """
+    parts = text.split(mask_token)
+    if len(parts) - 1 != len(masks) or not all(masks):
+        # The tokenizer saw a different number of masks than the text spells out: show the
+        # pipeline's own sentence for the first mask, unhighlighted, rather than guess.
+        return (Segment(masks[0][0]["sequence"]),) if masks and masks[0] else (Segment(text),)
+    segments = [Segment(parts[0])]
+    for part, predictions in zip(parts[1:], masks):
+        segments.append(Segment(predictions[0]["token_str"].strip(), filled=True))
+        segments.append(Segment(part))
+    return tuple(s for s in segments if s.text)
+
+
+def milliseconds(seconds: float) -> str:
+    ms = seconds * 1000
+    return f"{ms:.1f} ms" if ms < 100 else f"{ms:.0f} ms"
+
+
+def build_result(text: str, mask_token: str, answer: Answer) -> Result:
+    return Result(
+        sentence=filled_sentence(text, mask_token, answer.predictions),
+        masks=tuple(guesses(predictions) for predictions in answer.predictions),
+        queued_ms=milliseconds(answer.queued_s),
+        computing_ms=milliseconds(answer.inference_s),
+        batch_size=answer.batch_size,
+    )
+
+
+class BadTopK(InvalidInput):
+    """The form's number of guesses is not a whole number within the limit.
+
+    Its kind stays ``invalid_input`` for logs and metrics; the class only tells the page which
+    field to mark.
+    """
+
+
+def page_error(error: MaskserveError) -> PageError:
+    """The error in plain words. Only public messages are shown; never a trace or a class name."""
+    message = error.message[:1].upper() + error.message[1:]
+    if not message.endswith("."):
+        message += "."
+    if isinstance(error, ShuttingDown):
+        return PageError("The server is restarting", "It accepts no new sentences right now. Try again shortly.", "")
+    if isinstance(error, ServiceUnavailable):
+        wait = error.headers().get("Retry-After", "a few")
+        return PageError(
+            "The server is busy", f"Too many sentences are waiting. Try again in about {wait} seconds.", ""
+        )
+    if isinstance(error, DeadlineExceeded):
+        return PageError("That took too long", "The answer was not ready in time. Try again in a moment.", "")
+    if isinstance(error, NoMaskToken):
+        return PageError("Nothing to fill in", message)
+    if isinstance(error, TextTooLong):
+        return PageError("The text is too long", message)
+    if isinstance(error, BadTopK):
+        return PageError("Check the number of guesses", message, "top_k")
+    if isinstance(error, InvalidInput):
+        return PageError("Check the sentence", message)
+    if error.status < 500:
+        return PageError("The request was not understood", message, "")
+    return PageError("Something went wrong", "The server could not answer this sentence. Try again.", "")
+
+
+def parse_top_k(raw: str, limits: Limits) -> int:
+    if not raw.strip():
+        return limits.default_top_k
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = 0
+    if not 1 <= value <= limits.max_top_k:
+        raise BadTopK(f"the number of guesses must be a whole number from 1 to {limits.max_top_k}")
+    return value
+
+
+def render(
+    request: web.Request,
+    *,
+    text: str,
+    top_k: str,
+    result: Result | None = None,
+    error: PageError | None = None,
+    status: int = 200,
+    headers: Mapping[str, str] | None = None,
+) -> web.Response:
+    model = request.app[MODEL_KEY]
+    limits = request.app[PARSER_KEY].limits
+    examples = [example.format(mask=model.mask_token) for example in EXAMPLES]
+    context = {
+        "model_name": display_name(model.name),
+        "mask_token": model.mask_token,
+        "max_text_chars": limits.max_text_chars,
+        "max_top_k": limits.max_top_k,
+        "text": text,
+        "top_k": top_k or str(limits.default_top_k),
+        "examples": [(example, "/?" + urlencode({"text": example})) for example in examples],
+        "result": result,
+        "error": error,
+        # For the curl line in the footer: this server as the browser reached it (escaped).
+        "origin": str(request.url.origin()),
+    }
+    response = aiohttp_jinja2.render_template(TEMPLATE, request, context, status=status)
+    response.headers.update(headers or {})
+    return response
+
+
+# -- handlers -----------------------------------------------------------------------------------
+
+
+async def index(request: web.Request) -> web.Response:
+    """``GET /``: the page; ``?text=`` and ``?top_k=`` fill in the form without running it."""
+    return render(request, text=request.query.get("text", ""), top_k=request.query.get("top_k", ""))
+
+
+async def demo_redirect(request: web.Request) -> web.Response:
+    """``GET /demo`` (a reload or a bookmark of the answered page): back to the page itself."""
+    raise web.HTTPSeeOther(request.app.router["index"].url_for().with_query(request.query))
+
+
+async def demo(request: web.Request) -> web.Response:
+    """``POST /demo``: the form's answer, through the API's breaker, parser, queue and deadline."""
+    # The form is read before the deadline and the breaker, unlike the API: a refusal must still
+    # show the typed text in the box, and a form is at most --max-body-bytes.
+    form = await request.post()
+    text, top_k = form.get("text", ""), form.get("top_k", "")
+    text = text if isinstance(text, str) else ""
+    top_k = top_k if isinstance(top_k, str) else ""
+    model = request.app[MODEL_KEY]
+    parser = request.app[PARSER_KEY]
+    try:
+        deadline = request_deadline(request)
+        request.app[BREAKER_KEY].check(deadline - asyncio.get_running_loop().time())
+        parsed = FillMaskRequest(texts=(text,), batched=False, top_k=parse_top_k(top_k, parser.limits), targets=None)
+        queries = parser.queries(parsed, model)
+        answers = await request.app[BATCHER_KEY].answer(queries, deadline)
+    except MaskserveError as exc:
+        # The error middleware's bookkeeping (the kind for the access log, a warning for
+        # server-side failures), but the page shows the error in plain words.
+        request[ERROR_KIND_KEY] = exc.kind
+        if exc.status >= 500:
+            log.warning("%s: %s [request_id=%s]", exc.kind, exc.message, request.get(REQUEST_ID_KEY, "-"))
+        headers = {**exc.headers(), "Cache-Control": "no-store"}
+        return render(request, text=text, top_k=top_k, error=page_error(exc), status=exc.status, headers=headers)
+    result = build_result(text, model.mask_token, answers[0])
+    # The answered page holds the typed text: no cache may keep it.
+    headers = {**timing_headers(answers), "Cache-Control": "no-store"}
+    return render(request, text=text, top_k=top_k, result=result, headers=headers)

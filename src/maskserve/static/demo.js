@@ -1,0 +1,137 @@
+// maskserve demo page: progressive enhancement only. Without JavaScript the form posts to /demo
+// and the server renders the whole page. With it, the same POST goes through fetch, and only the
+// answer and the error box are replaced from the server's HTML: no reload, the typed text stays
+// where it is, and nothing is ever parsed as HTML except the server's own page.
+(() => {
+  "use strict";
+
+  const form = document.getElementById("fill-form");
+  if (!form || !window.fetch || !window.DOMParser || !window.URLSearchParams) return;
+
+  const text = document.getElementById("text");
+  const submit = document.getElementById("submit");
+  const label = submit.querySelector(".label");
+  const idleLabel = label.textContent;
+  const insertMask = document.getElementById("insert-mask");
+  const maskToken = text.dataset.maskToken;
+  let inFlight = null;
+
+  function setBusy(busy) {
+    const result = document.getElementById("result");
+    form.setAttribute("aria-busy", String(busy));
+    result.setAttribute("aria-busy", String(busy));
+    submit.disabled = busy;
+    label.textContent = busy ? "Filling in…" : idleLabel;
+  }
+
+  // Copy a region's content from the server's page into this one. The region element itself
+  // stays, so screen readers keep announcing the live region.
+  function swap(id, fresh) {
+    const mine = document.getElementById(id);
+    const theirs = fresh.getElementById(id);
+    if (!mine || !theirs) return;
+    mine.replaceChildren(...Array.from(theirs.childNodes, (node) => document.importNode(node, true)));
+    mine.hidden = theirs.hidden;
+  }
+
+  function copyInvalid(fresh) {
+    for (const id of ["text", "top_k"]) {
+      const mine = document.getElementById(id);
+      const theirs = fresh.getElementById(id);
+      if (theirs && theirs.hasAttribute("aria-invalid")) mine.setAttribute("aria-invalid", "true");
+      else mine.removeAttribute("aria-invalid");
+    }
+    const describedBy = fresh.getElementById("text")?.getAttribute("aria-describedby");
+    if (describedBy) text.setAttribute("aria-describedby", describedBy);
+  }
+
+  // For answers that are not the page (a proxy's error, the server's JSON error shape).
+  function showError(title, message) {
+    const box = document.getElementById("form-error");
+    const strong = document.createElement("strong");
+    strong.className = "error-title";
+    strong.textContent = title;
+    const span = document.createElement("span");
+    span.className = "error-message";
+    span.textContent = message;
+    box.replaceChildren(strong, span);
+    box.hidden = false;
+  }
+
+  async function publicMessage(response) {
+    try {
+      const body = await response.json();
+      if (body && body.error && typeof body.error.message === "string") return body.error.message;
+    } catch (_) {
+      // Not JSON: fall through to the status line.
+    }
+    return `The server answered ${response.status}. Your text is kept: try again.`;
+  }
+
+  async function send() {
+    if (inFlight) inFlight.abort();
+    const controller = new AbortController();
+    inFlight = controller;
+    setBusy(true);
+    try {
+      const response = await fetch(form.action, {
+        method: "POST",
+        body: new URLSearchParams(new FormData(form)),
+        headers: { Accept: "text/html" },
+        credentials: "same-origin",
+        signal: controller.signal,
+      });
+      const type = response.headers.get("Content-Type") || "";
+      if (!type.startsWith("text/html")) {
+        showError("Something went wrong", await publicMessage(response));
+        return;
+      }
+      const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
+      swap("result", fresh);
+      swap("form-error", fresh);
+      copyInvalid(fresh);
+      document.title = fresh.title;
+    } catch (error) {
+      if (error.name === "AbortError") return;
+      showError("Could not reach the server", "Check the connection and try again. Your text is kept.");
+    } finally {
+      if (inFlight === controller) {
+        inFlight = null;
+        setBusy(false);
+      }
+    }
+  }
+
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    send();
+  });
+
+  // Ctrl+Enter (Cmd+Enter on a Mac) submits from the text box.
+  text.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+      event.preventDefault();
+      form.requestSubmit();
+    }
+  });
+
+  // An example fills the box and runs at once (without JavaScript the link only fills the box).
+  for (const link of document.querySelectorAll("a.example")) {
+    link.addEventListener("click", (event) => {
+      event.preventDefault();
+      text.value = link.dataset.text;
+      form.requestSubmit();
+    });
+  }
+
+  if (insertMask && maskToken) {
+    insertMask.hidden = false;
+    insertMask.addEventListener("click", () => {
+      const start = text.selectionStart ?? text.value.length;
+      const end = text.selectionEnd ?? start;
+      const before = start > 0 && !/\s/.test(text.value[start - 1]) ? " " : "";
+      text.setRangeText(before + maskToken, start, end, "end");
+      text.focus();
+    });
+  }
+})();

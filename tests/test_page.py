@@ -1,0 +1,349 @@
+"""The demo page over HTTP, through the real app factory (the browser tests live in tests/browser/)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from html.parser import HTMLParser
+
+from maskserve.keys import BATCHER_KEY, MODEL_KEY
+from maskserve.model_api import Prediction, Query, TextPredictions
+from maskserve.page import CONTENT_SECURITY_POLICY
+
+from .conftest import ClientFactory
+from .fakes import ControlledModel, EchoModel
+
+PARIS = "paris is the [MASK] of france."
+SCRIPT = "<script>alert(1)</script>[MASK]"
+
+
+class Page(HTMLParser):
+    """What a reader of the page sees: the box, the error, the table, the highlight."""
+
+    def __init__(self, html: str) -> None:
+        super().__init__()
+        self.textarea: str | None = None
+        self.textarea_attrs: dict[str, str | None] = {}
+        self.top_k_attrs: dict[str, str | None] = {}
+        self.error = ""
+        self.error_hidden = False
+        self.words: list[str] = []
+        self.percents: list[str] = []
+        self.bar_widths: list[int] = []
+        self.marks: list[str] = []
+        self.example_links: list[str] = []
+        self.scripts: list[dict[str, str | None]] = []
+        self.form_attrs: dict[str, str | None] = {}
+        self.texts_by_id: dict[str, str] = {}
+        self._open: list[tuple[str, str | None, set[str]]] = []
+        self.feed(html)
+        self.close()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attributes = dict(attrs)
+        classes = set((attributes.get("class") or "").split())
+        if tag == "textarea":
+            self.textarea, self.textarea_attrs = "", attributes
+        elif tag == "input" and attributes.get("name") == "top_k":
+            self.top_k_attrs = attributes
+        elif tag == "form":
+            self.form_attrs = attributes
+        elif tag == "script":
+            self.scripts.append(attributes)
+        elif tag == "a" and "example" in classes:
+            self.example_links.append(attributes.get("href") or "")
+        elif tag == "span" and "fill" in classes:
+            self.bar_widths += [int(c[2:]) for c in classes if c.startswith("w-")]
+        if attributes.get("id") == "form-error":
+            self.error_hidden = "hidden" in attributes
+        if tag not in {"input", "link", "meta", "br"}:
+            self._open.append((tag, attributes.get("id"), classes))
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "textarea" and self.textarea is not None and self.textarea.startswith("\n"):
+            self.textarea = self.textarea[1:]  # as browsers do (HTML spec: one newline after the tag)
+        while self._open:
+            if self._open.pop()[0] == tag:
+                break
+
+    def handle_data(self, data: str) -> None:
+        for tag, element_id, _classes in self._open:
+            if element_id:
+                self.texts_by_id[element_id] = self.texts_by_id.get(element_id, "") + data
+            if element_id == "form-error":
+                self.error += data
+            if tag == "textarea" and self.textarea is not None:
+                self.textarea += data
+        tag, _, classes = self._open[-1] if self._open else ("", None, set())
+        if tag == "td" and "word" in classes:
+            self.words.append(data)
+        elif tag == "span" and "pct" in classes:
+            self.percents.append(data)
+        elif tag == "mark":
+            self.marks.append(data)
+
+
+class ScriptyModel(EchoModel):
+    """Answers with markup as the predicted word, to prove model output is escaped too."""
+
+    WORD = '<img src=x onerror="alert(2)">'
+
+    def predict(self, queries: Sequence[Query]) -> list[TextPredictions]:
+        return [
+            [[Prediction(score=0.5, token=1, token_str=self.WORD, sequence=self.WORD)]] * self.count_masks(q.input_ids)
+            for q in queries
+        ]
+
+
+async def test_page_shows_model_mask_token_and_examples(make_client: ClientFactory) -> None:
+    client = await make_client()
+    response = await client.get("/")
+    assert response.status == 200
+    assert response.content_type == "text/html"
+    page = Page(await response.text())
+    assert page.texts_by_id["mask-token"] == "[MASK]"
+    assert page.texts_by_id["model-name"].strip()
+    assert page.form_attrs["action"] == "/demo" and page.form_attrs["method"] == "post"
+    assert len(page.example_links) >= 3
+    assert all(link.startswith("/?text=") and "%5BMASK%5D" in link for link in page.example_links)
+    assert page.words == [] and page.error_hidden
+
+
+async def test_roberta_page_names_its_own_mask_token(make_client: ClientFactory, roberta_engine: object) -> None:
+    client = await make_client(engine=roberta_engine)
+    page = Page(await (await client.get("/")).text())
+    assert page.texts_by_id["mask-token"] == "<mask>"
+    assert all("%3Cmask%3E" in link for link in page.example_links)
+
+
+async def test_page_never_shows_the_server_model_path(make_client: ClientFactory) -> None:
+    client = await make_client()
+    full_path = client.app[MODEL_KEY].name
+    html = await (await client.get("/")).text()
+    assert full_path.startswith("/") and full_path not in html
+
+
+async def test_example_link_fills_the_box_without_running_the_model(make_client: ClientFactory) -> None:
+    client = await make_client()
+    response = await client.get("/", params={"text": "Hello [MASK] world", "top_k": "7"})
+    page = Page(await response.text())
+    assert page.textarea == "Hello [MASK] world"
+    assert page.top_k_attrs["value"] == "7"
+    assert page.words == []
+    assert client.app[BATCHER_KEY].batches_run == 0
+
+
+async def test_form_submission_renders_the_api_predictions(make_client: ClientFactory) -> None:
+    client = await make_client()
+    api = await (await client.post("/", json={"inputs": PARIS, "parameters": {"top_k": 3}})).json()
+    response = await client.post("/demo", data={"text": PARIS, "top_k": "3"})
+    assert response.status == 200
+    assert response.content_type == "text/html"
+    assert response.headers["Cache-Control"] == "no-store"
+    assert {"X-Queue-Time-Ms", "X-Inference-Time-Ms", "X-Batch-Size"} <= set(response.headers)
+    page = Page(await response.text())
+    assert page.words == [p["token_str"] for p in api]
+    assert page.percents == [f"{p['score']:.1%}" for p in api]
+    # One bar per guess, the top one full and none longer than the one above it.
+    assert page.bar_widths[0] == 100 and page.bar_widths == sorted(page.bar_widths, reverse=True)
+    assert len(page.bar_widths) == 3
+    assert page.marks == [api[0]["token_str"]]
+    assert page.texts_by_id["filled-sentence"] == PARIS.replace("[MASK]", api[0]["token_str"])
+    timing = page.texts_by_id["timing"]
+    assert "Queued" in timing and "Computing" in timing and "Batch of" in timing
+    assert page.textarea == PARIS
+
+
+async def test_two_masks_get_a_table_and_a_highlight_each(make_client: ClientFactory) -> None:
+    client = await make_client()
+    response = await client.post("/demo", data={"text": "the [MASK] sat on the [MASK].", "top_k": "2"})
+    assert response.status == 200
+    page = Page(await response.text())
+    assert len(page.marks) == 2
+    assert len(page.words) == 4
+
+
+async def test_text_without_mask_is_shown_inline_with_the_text_kept(make_client: ClientFactory) -> None:
+    client = await make_client()
+    response = await client.post("/demo", data={"text": "Paris is the capital of France.", "top_k": "4"})
+    assert response.status == 422
+    assert response.content_type == "text/html"
+    page = Page(await response.text())
+    assert not page.error_hidden
+    assert "[MASK]" in page.error and "Nothing to fill in" in page.error
+    assert page.textarea == "Paris is the capital of France."
+    assert page.textarea_attrs["aria-invalid"] == "true"
+    assert page.top_k_attrs["value"] == "4"
+    assert page.words == []
+
+
+async def test_empty_text_is_shown_inline(make_client: ClientFactory) -> None:
+    client = await make_client()
+    response = await client.post("/demo", data={"text": "   ", "top_k": "5"})
+    assert response.status == 422
+    page = Page(await response.text())
+    assert "empty" in page.error
+    assert page.textarea == "   "
+
+
+async def test_too_long_text_is_shown_inline_with_the_text_kept(make_client: ClientFactory) -> None:
+    client = await make_client(max_text_chars=30)
+    text = "a very long sentence with a [MASK] in it"
+    response = await client.post("/demo", data={"text": text})
+    assert response.status == 422
+    page = Page(await response.text())
+    assert "too long" in page.error and "30" in page.error
+    assert page.textarea == text
+
+
+async def test_bad_number_of_guesses_marks_that_field(make_client: ClientFactory) -> None:
+    client = await make_client()
+    for top_k in ("0", "abc", "101"):
+        response = await client.post("/demo", data={"text": PARIS, "top_k": top_k})
+        assert response.status == 422
+        page = Page(await response.text())
+        assert "from 1 to 100" in page.error
+        assert page.top_k_attrs["value"] == top_k
+        assert page.top_k_attrs["aria-invalid"] == "true"
+        assert "aria-invalid" not in page.textarea_attrs
+        assert page.textarea == PARIS
+
+
+async def test_leading_newline_in_the_text_survives_the_round_trip(make_client: ClientFactory) -> None:
+    # HTML drops one newline right after <textarea>: the template must not lose the user's.
+    client = await make_client()
+    response = await client.post("/demo", data={"text": "\nno mask"})
+    assert Page(await response.text()).textarea == "\nno mask"
+
+
+async def test_script_text_is_escaped_in_the_box_and_the_answer(make_client: ClientFactory) -> None:
+    client = await make_client()
+    response = await client.post("/demo", data={"text": SCRIPT, "top_k": "2"})
+    assert response.status == 200
+    html = await response.text()
+    assert "<script>alert(1)" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    page = Page(html)
+    assert page.textarea == SCRIPT
+    assert page.texts_by_id["filled-sentence"].startswith("<script>alert(1)</script>")
+    # The page's only script is its own static file.
+    assert len(page.scripts) == 1 and (page.scripts[0]["src"] or "").startswith("/static/demo.js")
+
+
+async def test_script_text_in_an_example_link_is_escaped(make_client: ClientFactory) -> None:
+    client = await make_client()
+    html = await (await client.get("/", params={"text": SCRIPT})).text()
+    assert "<script>alert(1)" not in html
+    assert Page(html).textarea == SCRIPT
+
+
+async def test_model_output_is_escaped(make_client: ClientFactory) -> None:
+    client = await make_client(engine=ScriptyModel())
+    response = await client.post("/demo", data={"text": "a [MASK] b"})
+    assert response.status == 200
+    html = await response.text()
+    assert ScriptyModel.WORD not in html
+    page = Page(html)
+    assert page.words == [ScriptyModel.WORD]
+    assert page.marks == [ScriptyModel.WORD]
+
+
+async def test_page_sends_security_headers(make_client: ClientFactory) -> None:
+    client = await make_client()
+    for response in (await client.get("/"), await client.post("/demo", data={"text": "no mask"})):
+        assert response.headers["Content-Security-Policy"] == CONTENT_SECURITY_POLICY
+        assert response.headers["X-Content-Type-Options"] == "nosniff"
+        assert response.headers["Referrer-Policy"] == "no-referrer"
+
+
+async def test_static_files_are_served_from_the_package_with_nosniff(make_client: ClientFactory) -> None:
+    client = await make_client()
+    page = Page(await (await client.get("/")).text())
+    script = await client.get(page.scripts[0]["src"] or "")
+    assert script.status == 200
+    assert "javascript" in script.content_type
+    assert script.headers["X-Content-Type-Options"] == "nosniff"
+    css = await client.get("/static/demo.css")
+    assert css.status == 200 and css.content_type == "text/css"
+    # Every bar width the page can draw has its class (the CSP forbids inline styles).
+    stylesheet = await css.text()
+    assert all(f".w-{width} {{ width: {width}%; }}" in stylesheet for width in range(101))
+
+
+async def test_raw_text_post_to_root_still_answers_json(make_client: ClientFactory) -> None:
+    # Exactly the seed's curl: urlencoded content type, raw sentence body.
+    client = await make_client()
+    response = await client.post(
+        "/", data=PARIS.encode(), headers={"Content-Type": "application/x-www-form-urlencoded"}
+    )
+    assert response.status == 200
+    assert response.content_type == "application/json"
+    body = await response.json()
+    assert len(body) == 5 and body[0]["sequence"].startswith("paris is the")
+
+
+async def test_form_body_sent_to_root_is_raw_text_not_decoded(make_client: ClientFactory) -> None:
+    # The two routes never collide: the form's fields posted to / are filled in as they are.
+    client = await make_client()
+    response = await client.post("/", data={"text": "a [MASK] here", "top_k": "2"})
+    assert response.status == 422  # "text=a+%5BMASK%5D+here&top_k=2" holds no literal [MASK]
+    assert response.content_type == "application/json"
+    raw = await client.post(
+        "/", data=b"text=a [MASK] here&top_k=2", headers={"Content-Type": "application/x-www-form-urlencoded"}
+    )
+    body = await raw.json()
+    assert len(body) == 5  # the default top_k: top_k=2 was text, not a field
+    as_json = await client.post("/", json={"inputs": "text=a [MASK] here&top_k=2"})
+    assert body == await as_json.json()
+
+
+async def test_get_demo_sends_the_browser_back_to_the_page(make_client: ClientFactory) -> None:
+    client = await make_client()
+    response = await client.get("/demo", params={"text": "x [MASK]"}, allow_redirects=False)
+    assert response.status == 303
+    assert response.headers["Location"] == "/?text=x+%5BMASK%5D"
+
+
+async def test_full_queue_is_shown_inline_as_busy(make_client: ClientFactory) -> None:
+    model = ControlledModel()
+    client = await make_client(engine=model, max_queue=1)
+    batcher = client.app[BATCHER_KEY]
+    model.hold()
+    loop = asyncio.get_running_loop()
+    query = Query(input_ids=model.encode("a [MASK]"), top_k=1)
+    running = batcher.submit(query, loop.time() + 60)
+    try:
+        await loop.run_in_executor(None, model.entered.wait, 10)
+        waiting = batcher.submit(query, loop.time() + 60)  # fills the one queue slot
+        response = await client.post("/demo", data={"text": "kept [MASK] text"})
+        assert response.status == 503
+        assert int(response.headers["Retry-After"]) >= 1
+        page = Page(await response.text())
+        assert "busy" in page.error
+        assert page.textarea == "kept [MASK] text"
+    finally:
+        model.release()
+    await asyncio.gather(running, waiting)
+
+
+async def test_deadline_is_shown_inline_as_timeout(make_client: ClientFactory) -> None:
+    model = ControlledModel()
+    client = await make_client(engine=model)
+    model.hold()
+    try:
+        response = await client.post("/demo", data={"text": "slow [MASK] text"}, headers={"X-Request-Timeout": "0.2"})
+        assert response.status == 504
+        page = Page(await response.text())
+        assert "too long" in page.error
+        assert page.textarea == "slow [MASK] text"
+    finally:
+        model.release()
+
+
+async def test_bad_timeout_header_is_shown_inline(make_client: ClientFactory) -> None:
+    client = await make_client()
+    response = await client.post("/demo", data={"text": PARIS}, headers={"X-Request-Timeout": "soon"})
+    assert response.status == 400
+    page = Page(await response.text())
+    assert "X-Request-Timeout" in page.error
+    assert page.textarea == PARIS
