@@ -1,0 +1,181 @@
+"""/livez and /readyz: honest under a stuck forward pass, a deep queue, a drain; never queued or shed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from aiohttp import ClientResponse, web
+from aiohttp.test_utils import TestClient
+
+from maskserve.batcher import BatchReport
+from maskserve.health import liveness, readiness
+from maskserve.keys import BATCH_LOOP_KEY, BATCHER_KEY
+
+from .conftest import ClientFactory
+from .fakes import ControlledModel
+
+Client = TestClient[web.Request, web.Application]
+
+
+async def wait_until_entered(model: ControlledModel) -> None:
+    """Until the inference thread is inside ``predict``, held at the model's gate."""
+    assert await asyncio.to_thread(model.entered.wait, 5), "the forward pass never started"
+
+
+async def wait_for_depth(client: Client, depth: int) -> None:
+    for _ in range(500):
+        if client.app[BATCHER_KEY].depth >= depth:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the queue never reached {depth} texts")
+
+
+async def probe(client: Client, path: str) -> tuple[int, dict[str, Any]]:
+    response: ClientResponse = await client.get(path)
+    assert response.headers["Content-Type"].startswith("application/json")
+    assert response.headers["Cache-Control"] == "no-store"
+    return response.status, await response.json()
+
+
+def problem_codes(body: dict[str, Any]) -> list[str]:
+    return [p["code"] for p in body["problems"]]
+
+
+async def test_idle_server_is_live_and_ready(make_client: ClientFactory) -> None:
+    client = await make_client()
+    status, body = await probe(client, "/livez")
+    assert (status, body["status"], body["problems"]) == (200, "ok", [])
+    assert body["busy"] is False
+    status, body = await probe(client, "/readyz")
+    assert (status, body["status"], body["problems"]) == (200, "ok", [])
+    assert body["queue_depth"] == 0
+    assert body["request_timeout_s"] == 30.0
+
+
+async def test_operability_endpoints_never_run_the_model(make_client: ClientFactory) -> None:
+    model = ControlledModel()
+    client = await make_client(engine=model)
+    for path in ("/livez", "/readyz", "/metrics", "/info"):
+        assert (await client.get(path)).status == 200, path
+    assert model.batches == []
+
+
+async def test_stuck_forward_pass_turns_livez_503_and_recovers_when_it_ends(make_client: ClientFactory) -> None:
+    model = ControlledModel()
+    client = await make_client(engine=model, stall_timeout=0.05)
+    model.hold()
+    try:
+        stuck = asyncio.create_task(client.post("/", data="a [MASK]"))
+        await wait_until_entered(model)
+        await asyncio.sleep(0.1)  # past the 0.05 s stall budget, with the pass still held
+        # Answered while the inference thread is blocked: the probe never waits for it.
+        status, body = await probe(client, "/livez")
+        assert status == 503
+        assert problem_codes(body) == ["stalled"]
+        assert "--stall-timeout" in body["problems"][0]["message"]
+        assert body["busy"] is True and body["busy_for_s"] > 0.05
+        status, body = await probe(client, "/readyz")
+        assert status == 503
+        assert "stalled" in problem_codes(body)
+    finally:
+        model.release()
+    assert (await stuck).status == 200
+    assert (await probe(client, "/livez"))[0] == 200
+
+
+async def test_busy_server_within_its_stall_budget_is_live(make_client: ClientFactory) -> None:
+    model = ControlledModel()
+    client = await make_client(engine=model)  # default budget: 60 s
+    model.hold()
+    try:
+        busy = asyncio.create_task(client.post("/", data="a [MASK]"))
+        await wait_until_entered(model)
+        status, body = await probe(client, "/livez")
+        assert status == 200
+        assert body["busy"] is True
+    finally:
+        model.release()
+    assert (await busy).status == 200
+
+
+async def test_full_queue_turns_readyz_503_while_livez_stays_200(make_client: ClientFactory) -> None:
+    model = ControlledModel()
+    client = await make_client(engine=model, max_queue=2)
+    model.hold()
+    try:
+        busy = asyncio.create_task(client.post("/", data="a [MASK]"))
+        await wait_until_entered(model)
+        queued = [asyncio.create_task(client.post("/", data=f"b{i} [MASK]")) for i in range(2)]
+        await wait_for_depth(client, 2)
+        status, body = await probe(client, "/readyz")
+        assert status == 503
+        assert problem_codes(body) == ["queue_full"]
+        assert (body["queue_depth"], body["max_queue"]) == (2, 2)
+        assert (await probe(client, "/livez"))[0] == 200
+        # Probes, metrics and info are never shed, even while inference requests are.
+        assert (await client.post("/", data="c [MASK]")).status == 503
+        assert (await client.get("/metrics")).status == 200
+        assert (await client.get("/info")).status == 200
+    finally:
+        model.release()
+    assert [r.status for r in await asyncio.gather(busy, *queued)] == [200, 200, 200]
+    assert (await probe(client, "/readyz"))[0] == 200
+
+
+async def test_readyz_turns_503_once_the_predicted_wait_exceeds_the_default_deadline(
+    make_client: ClientFactory,
+) -> None:
+    model = ControlledModel()
+    client = await make_client(engine=model, request_timeout=10.0)
+    # As if a pass over 400 tokens had taken 16 s: 8 s per pass + 0.02 s per token by the cost
+    # model's prior. Idle, one more text is predicted to wait 8 s, within the 10 s deadline; once
+    # a short pass (about 8 s) is in flight, about 16 s: beyond it.
+    report = BatchReport(size=10, real_tokens=400, padded_tokens=400, seconds=16.0, failed=0)
+    client.app[BATCHER_KEY].cost.observe(report)
+    assert (await probe(client, "/readyz"))[0] == 200
+    model.hold()
+    try:
+        slow = asyncio.create_task(client.post("/", data="a [MASK]"))
+        await wait_until_entered(model)
+        status, body = await probe(client, "/readyz")
+        assert status == 503
+        assert problem_codes(body) == ["predicted_timeout"]
+        assert body["predicted_wait_s"] > 10.0
+        # Exactly when the breaker starts refusing requests with the default deadline.
+        refused = await client.post("/", data="b [MASK]")
+        assert refused.status == 503
+        assert (await refused.json())["error"]["kind"] == "overloaded"
+    finally:
+        model.release()
+    assert (await slow).status == 200
+
+
+async def test_draining_server_is_live_but_not_ready(make_client: ClientFactory) -> None:
+    client = await make_client()
+    client.app[BATCHER_KEY].close()
+    status, body = await probe(client, "/readyz")
+    assert status == 503
+    assert problem_codes(body) == ["draining"]
+    assert (await probe(client, "/livez"))[0] == 200
+
+
+async def test_dead_batch_loop_turns_livez_503(make_client: ClientFactory) -> None:
+    client = await make_client()
+    loop_task = client.app[BATCH_LOOP_KEY]
+    loop_task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await loop_task
+    status, body = await probe(client, "/livez")
+    assert status == 503
+    assert problem_codes(body) == ["batch_loop_stopped"]
+
+
+def test_readiness_before_the_model_is_loaded_says_loading() -> None:
+    live = liveness(None, None, stall_timeout=60.0)
+    assert live.ok
+    ready = readiness(None, live, request_timeout=30.0)
+    assert not ready.ok
+    assert [p.code for p in ready.problems] == ["loading"]
+    assert ready.body()["status"] == "unavailable"
