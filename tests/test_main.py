@@ -1,0 +1,135 @@
+"""The ``maskserve`` command as an operator meets it: refusals at start-up, and a real run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from .models import build_bert, build_maskless
+
+START_TIMEOUT_S = 60.0
+
+
+def cli_env() -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "maskserve", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=cli_env(),
+        check=False,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.mark.slow
+def test_unservable_models_exit_non_zero_with_a_clear_message(tmp_path: Path) -> None:
+    cases = {
+        "missing": (str(tmp_path / "nowhere"), "could not load model"),
+        "headless": (str(build_bert(tmp_path / "headless", with_head=False)), "lacks"),
+        "maskless": (str(build_maskless(tmp_path / "maskless")), "no mask token"),
+        "hub-id-offline": ("no-such-org/no-such-model", "could not load model"),
+    }
+    # Started together: each one pays torch's import time, and they need not pay it in turn.
+    processes = {
+        kind: subprocess.Popen(
+            [sys.executable, "-m", "maskserve", "--model", model, "--port", "0", "--torch-threads", "1"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=cli_env(),
+        )
+        for kind, (model, _) in cases.items()
+    }
+    for kind, process in processes.items():
+        _, stderr = process.communicate(timeout=120)
+        expected = cases[kind][1]
+        assert process.returncode == 1, f"{kind}: {stderr}"
+        assert "cannot start" in stderr and expected in stderr, f"{kind}: {stderr}"
+        assert "Traceback" not in stderr, f"{kind}: {stderr}"
+
+
+def test_bad_setting_exits_2_naming_flag_and_value() -> None:
+    result = run_cli("--port", "http")
+    assert result.returncode == 2
+    assert "--port" in result.stderr and "'http'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_environment_setting_exits_2_naming_variable() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "maskserve"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**cli_env(), "MASKSERVE_MAX_BATCH_SIZE": "zero"},
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "MASKSERVE_MAX_BATCH_SIZE" in result.stderr and "'zero'" in result.stderr
+
+
+def post_raw(url: str, body: bytes) -> list[dict[str, object]]:
+    # Exactly what `curl -X POST -d "..." URL` sends.
+    request = urllib.request.Request(
+        url, data=body, method="POST", headers={"Content-Type": "application/x-www-form-urlencoded"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        answer: list[dict[str, object]] = json.loads(response.read())
+        return answer
+
+
+def wait_until_serving(process: subprocess.Popen[str], url: str) -> list[dict[str, object]]:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        try:
+            return post_raw(url, b"Paris is the [MASK] of France.")
+        except (urllib.error.URLError, ConnectionError):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_cli_serves_the_seed_curl_on_the_default_model_and_stops_cleanly_on_sigterm() -> None:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "maskserve", "--port", str(port), "--torch-threads", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+    )
+    try:
+        answer = wait_until_serving(process, f"http://127.0.0.1:{port}/")
+        assert len(answer) == 5
+        assert answer[0]["token_str"] == "city"
+        assert answer[0]["sequence"] == "paris is the city of france."
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+        assert process.returncode == 0, stderr
+        assert "Traceback" not in stderr
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
