@@ -103,6 +103,7 @@ async def test_page_shows_model_mask_token_and_examples(make_client: ClientFacto
     page = Page(await response.text())
     assert page.texts_by_id["mask-token"] == "[MASK]"
     assert page.texts_by_id["model-name"].strip()
+    assert page.texts_by_id["model-runs-on"] == "cpu · float32"
     assert page.form_attrs["action"] == "/demo" and page.form_attrs["method"] == "post"
     assert len(page.example_links) >= 3
     assert all(link.startswith("/?text=") and "%5BMASK%5D" in link for link in page.example_links)

@@ -38,7 +38,7 @@ from .errors import (
     TextTooLong,
 )
 from .keys import BATCHER_KEY, BREAKER_KEY, ERROR_KIND_KEY, MODEL_KEY, PARSER_KEY, REQUEST_ID_KEY
-from .model_api import Prediction
+from .model_api import Prediction, describe_model
 from .schemas import FillMaskRequest, Limits
 from .views import timing_headers
 
@@ -243,8 +243,12 @@ def render(
     model = request.app[MODEL_KEY]
     limits = request.app[PARSER_KEY].limits
     examples = [example.format(mask=model.mask_token) for example in EXAMPLES]
+    description = describe_model(model)
     context = {
         "model_name": display_name(model.name),
+        "model_architecture": str(description.get("architecture", "")),
+        # "cpu · float32": where and how the guesses are computed, when the model says so.
+        "model_runs_on": " · ".join(str(description[k]) for k in ("device", "dtype") if k in description),
         "mask_token": model.mask_token,
         "max_text_chars": limits.max_text_chars,
         "max_top_k": limits.max_top_k,

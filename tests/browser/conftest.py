@@ -1,0 +1,174 @@
+"""Fixtures for the browser tests: the real server on the default model, and Debian's Chromium.
+
+Playwright drives ``/usr/bin/chromium`` (``.ci/ensure-chromium`` installs it): its own browser
+download does not work here, so ``playwright install`` is never run. Where Playwright itself is
+not installed (every env but ``tox -e browser``), these tests are not even collected.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import pytest
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, ConsoleMessage, Dialog, Page, Request
+
+collect_ignore_glob = [] if importlib.util.find_spec("playwright") else ["test_*.py"]
+
+CHROMIUM = "/usr/bin/chromium"
+# Headless Chromium in a container: no sandbox (no user namespaces), no GPU, and nothing that
+# phones home (updates, sync, QUIC probes), so a test only ever talks to our server.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+# Loading the default model takes a few seconds; a cold machine with a busy disk, more.
+SERVER_START_TIMEOUT = 120.0
+LAPTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 375, "height": 740}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_until_serving(url: str, process: subprocess.Popen[bytes], log_path: Path) -> None:
+    deadline = time.monotonic() + SERVER_START_TIMEOUT
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"maskserve exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.25)
+    pytest.fail(f"maskserve did not answer {url} within {SERVER_START_TIMEOUT:.0f}s:\n{log_path.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def artifacts() -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    return ARTIFACTS
+
+
+@pytest.fixture(scope="session")
+def server_url(artifacts: Path) -> Iterator[str]:
+    """``python -m maskserve`` on the default model, on a free port, for the whole session."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    log_path = artifacts / "browser-server.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "maskserve", "--host", "127.0.0.1", "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        try:
+            wait_until_serving(url, process, log_path)
+            yield url
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Browser]:
+    from playwright.sync_api import expect, sync_playwright
+
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"{CHROMIUM} is missing: run .ci/ensure-chromium (apt-get install chromium)")
+    # The first answer of a cold server can take a few seconds on a busy CI machine.
+    expect.set_options(timeout=20_000)
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@dataclass
+class Watched:
+    """A page with everything that should never happen on it recorded: dialogs, script errors,
+    console errors (CSP violations land there) and requests to any other origin."""
+
+    page: Page
+    origin: str
+    dialogs: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    foreign_requests: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.page.on("dialog", self._on_dialog)
+        self.page.on("pageerror", lambda error: self.errors.append(f"pageerror: {error}"))
+        self.page.on("console", self._on_console)
+        self.page.on("request", self._on_request)
+
+    def _on_dialog(self, dialog: Dialog) -> None:
+        self.dialogs.append(f"{dialog.type}: {dialog.message}")
+        dialog.dismiss()
+
+    def _on_console(self, message: ConsoleMessage) -> None:
+        if message.type == "error":
+            self.errors.append(f"console: {message.text}")
+
+    def _on_request(self, request: Request) -> None:
+        if not request.url.startswith((self.origin, "data:")):
+            self.foreign_requests.append(request.url)
+
+    def assert_clean(self) -> None:
+        assert self.dialogs == []
+        assert self.foreign_requests == []
+        # An error status (422, 503) is logged by Chromium as a failed resource load; that is
+        # the page working as designed. Anything else (CSP, script errors) is a bug.
+        assert [e for e in self.errors if "the server responded with a status of" not in e] == []
+
+
+class OpenPage(Protocol):
+    def __call__(self, *, javascript: bool = True, viewport: dict[str, int] = ...) -> Watched: ...
+
+
+@pytest.fixture
+def open_page(browser: Browser, server_url: str) -> Iterator[OpenPage]:
+    """``open_page(javascript=True, viewport=LAPTOP)``: a fresh context on the page, watched."""
+    contexts = []
+
+    def open_(*, javascript: bool = True, viewport: dict[str, int] = LAPTOP) -> Watched:
+        context = browser.new_context(java_script_enabled=javascript, viewport=viewport)  # type: ignore[arg-type]
+        contexts.append(context)
+        watched = Watched(context.new_page(), server_url.rstrip("/"))
+        watched.page.goto(server_url)
+        return watched
+
+    yield open_
+    for context in contexts:
+        context.close()
