@@ -1,0 +1,125 @@
+"""The error middleware: one sanitized shape for every error, request ids, and a fixed 500."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from aiohttp import ClientResponse
+
+from maskserve.engine import FillMaskEngine
+from maskserve.errors import INTERNAL_MESSAGE
+from maskserve.model_api import Query, TextPredictions
+
+from ..conftest import ClientFactory
+
+PARIS = b"paris is the [MASK] of france."
+
+
+class ExplodingEncoder:
+    """A model whose tokenizer fails unexpectedly, with a message full of secrets."""
+
+    def __init__(self, engine: FillMaskEngine) -> None:
+        self.engine = engine
+        self.name = engine.name
+        self.mask_token = engine.mask_token
+        self.max_tokens = engine.max_tokens
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        raise RuntimeError("/secret/path boom")
+
+    def count_masks(self, input_ids: Sequence[int]) -> int:
+        return self.engine.count_masks(input_ids)
+
+    def resolve_targets(self, targets: Sequence[str]) -> tuple[int, ...]:
+        return self.engine.resolve_targets(targets)
+
+    def predict(self, queries: Sequence[Query]) -> list[TextPredictions]:
+        return self.engine.predict(queries)
+
+
+async def error_of(response: ClientResponse, status: int, kind: str) -> dict[str, Any]:
+    """The error object, checked for the one shape every error response has."""
+    assert response.status == status
+    assert response.content_type == "application/json"
+    body = await response.json()
+    assert set(body) == {"error"}
+    error: dict[str, Any] = body["error"]
+    assert set(error) == {"kind", "message", "request_id"}
+    assert error["kind"] == kind
+    assert error["message"]
+    assert error["request_id"] == response.headers["X-Request-Id"]
+    return error
+
+
+async def test_unknown_path_is_404_in_the_error_shape(make_client: ClientFactory) -> None:
+    client = await make_client()
+    error = await error_of(await client.post("/no/such/path", data=PARIS), 404, "not_found")
+    assert "Not Found" not in error["message"]  # ours, not aiohttp's text
+
+
+async def test_wrong_method_is_405_with_allow_header(make_client: ClientFactory) -> None:
+    client = await make_client()
+    response = await client.put("/", data=PARIS)
+    await error_of(response, 405, "method_not_allowed")
+    assert "POST" in response.headers["Allow"]
+
+
+async def test_body_over_the_limit_is_413(make_client: ClientFactory) -> None:
+    client = await make_client(max_body_bytes=64)
+    at_limit = b"[MASK]" + b" dog" * 14 + b" ."
+    assert len(at_limit) == 64
+    await error_of(await client.post("/", data=at_limit + b"!"), 413, "payload_too_large")
+    assert (await client.post("/", data=at_limit)).status == 200
+
+
+async def test_client_errors_share_the_shape(make_client: ClientFactory) -> None:
+    client = await make_client()
+    await error_of(await client.post("/", data=b"no mask"), 422, "no_mask_token")
+    await error_of(await client.post("/", data=b"{", headers={"Content-Type": "application/json"}), 400, "invalid_body")
+
+
+async def test_generated_request_id_is_on_success_and_error(make_client: ClientFactory) -> None:
+    client = await make_client()
+    ok = await client.post("/", data=PARIS)
+    assert ok.status == 200 and re.fullmatch(r"[0-9a-f]{32}", ok.headers["X-Request-Id"])
+    again = await client.post("/", data=PARIS)
+    assert again.headers["X-Request-Id"] != ok.headers["X-Request-Id"]
+
+
+async def test_safe_caller_request_id_is_echoed(make_client: ClientFactory) -> None:
+    client = await make_client()
+    ok = await client.post("/", data=PARIS, headers={"X-Request-Id": "trace-42.a:b_c"})
+    assert ok.headers["X-Request-Id"] == "trace-42.a:b_c"
+    failed = await client.post("/", data=b"no mask", headers={"X-Request-Id": "trace-43"})
+    assert (await error_of(failed, 422, "no_mask_token"))["request_id"] == "trace-43"
+
+
+@pytest.mark.parametrize("unsafe", ["has space", "x" * 65, "semi;colon", "new\\nline", 'quote"d'])
+async def test_unsafe_caller_request_id_is_replaced(make_client: ClientFactory, unsafe: str) -> None:
+    client = await make_client()
+    failed = await client.post("/nowhere", headers={"X-Request-Id": unsafe})
+    error = await error_of(failed, 404, "not_found")
+    assert error["request_id"] != unsafe and re.fullmatch(r"[0-9a-f]{32}", error["request_id"])
+
+
+async def test_unexpected_exception_is_a_fixed_500_and_logged_with_traceback(
+    make_client: ClientFactory, bert_engine: FillMaskEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = await make_client(engine=ExplodingEncoder(bert_engine))
+    with caplog.at_level(logging.ERROR, logger="maskserve"):
+        response = await client.post("/", data=PARIS)
+    error = await error_of(response, 500, "internal")
+    assert error["message"] == INTERNAL_MESSAGE
+    text = await response.text()
+    for leak in ("secret", "boom", "/secret/path", "RuntimeError", "Traceback", "ExplodingEncoder", "encode"):
+        assert leak not in text
+    assert all(leak not in value for value in response.headers.values() for leak in ("secret", "boom"))
+    logged = [r for r in caplog.records if r.exc_info and error["request_id"] in r.getMessage()]
+    assert logged, "the 500 left no log record carrying its request id"
+    assert "RuntimeError: /secret/path boom" in caplog.text and "Traceback" in caplog.text
+    # One failure does not stop the server.
+    assert (await client.post("/nowhere")).status == 404
