@@ -1,0 +1,69 @@
+"""/info: the served model, how it runs, the batching and breaker settings, the versions."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import torch
+import transformers
+
+import maskserve
+
+from .conftest import ClientFactory
+from .fakes import ControlledModel, EchoModel
+
+
+async def test_info_describes_model_runtime_settings_and_versions(make_client: ClientFactory) -> None:
+    client = await make_client(max_batch_size=7, max_queue=11, request_timeout=2.5, stall_timeout=45.0)
+    response = await client.get("/info")
+    assert response.status == 200
+    info = await response.json()
+    model = info["model"]
+    assert model["mask_token"] == "[MASK]"
+    assert model["architecture"] == "BertForMaskedLM"
+    assert model["source"] == model["name"]  # a local folder, given by path
+    assert (model["device"], model["dtype"]) == ("cpu", "float32")
+    assert model["torch_threads"] == torch.get_num_threads()
+    assert model["load_seconds"] > 0
+    assert info["batching"]["max_batch_size"] == 7
+    assert info["breaker"] == {
+        "max_queue": 11,
+        "request_timeout_s": 2.5,
+        "drain_timeout_s": 10.0,
+        "stall_timeout_s": 45.0,
+    }
+    versions = info["versions"]
+    assert versions["maskserve"] == maskserve.__version__
+    assert versions["torch"] == torch.__version__
+    assert versions["transformers"] == transformers.__version__
+
+
+async def test_info_of_a_model_that_cannot_describe_itself_leaves_those_fields_null(
+    make_client: ClientFactory,
+) -> None:
+    client = await make_client(engine=EchoModel())
+    response = await client.get("/info")
+    assert response.status == 200
+    info = await response.json()
+    assert info["model"]["name"] == "echo"
+    assert info["model"]["device"] is None
+    assert info["versions"]["torch"] is None
+    assert info["versions"]["maskserve"] == maskserve.__version__
+
+
+async def test_info_never_runs_the_model(make_client: ClientFactory) -> None:
+    model = ControlledModel()
+    client = await make_client(engine=model)
+    assert (await client.get("/info")).status == 200
+    assert model.batches == []
+
+
+def test_the_http_side_imports_neither_torch_nor_transformers() -> None:
+    # In a fresh interpreter: this test process has imported torch already.
+    code = (
+        "import sys, maskserve.app, maskserve.health, maskserve.info, maskserve.metrics;"
+        "print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert result.stdout.strip() == "[]"
