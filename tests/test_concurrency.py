@@ -1,0 +1,87 @@
+"""Many simultaneous requests: each gets its own answer, and they really share forward passes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from maskserve.engine import FillMaskEngine
+from maskserve.keys import BATCHER_KEY
+from maskserve.model_api import Query, TextPredictions
+
+from .conftest import ClientFactory
+from .models import WORDS
+from .test_views import assert_same_answers, direct
+
+N_REQUESTS = 60
+
+
+class RecordingModel:
+    """The real engine, noting the size of every batch it is asked to run."""
+
+    def __init__(self, engine: FillMaskEngine) -> None:
+        self.engine = engine
+        self.name = engine.name
+        self.mask_token = engine.mask_token
+        self.max_tokens = engine.max_tokens
+        self.batch_sizes: list[int] = []
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        return self.engine.encode(text)
+
+    def count_masks(self, input_ids: Sequence[int]) -> int:
+        return self.engine.count_masks(input_ids)
+
+    def resolve_targets(self, targets: Sequence[str]) -> tuple[int, ...]:
+        return self.engine.resolve_targets(targets)
+
+    def predict(self, queries: Sequence[Query]) -> list[TextPredictions]:
+        self.batch_sizes.append(len(queries))  # only the inference thread appends
+        return self.engine.predict(queries)
+
+
+def sentence(i: int) -> str:
+    """Request i's text: from 1 to about 100 words, the mask somewhere inside, no two alike."""
+    n_words = 1 + (i * 37) % 100
+    words = [WORDS[(i * 7 + j) % len(WORDS)] for j in range(n_words)]
+    words.insert((i * 13) % (n_words + 1), "[MASK]")
+    return " ".join(words)
+
+
+async def test_simultaneous_requests_each_get_their_own_answer_in_shared_batches(
+    make_client: ClientFactory, bert_engine: FillMaskEngine
+) -> None:
+    model = RecordingModel(bert_engine)
+    client = await make_client(engine=model)
+    texts = [sentence(i) for i in range(N_REQUESTS)]
+    assert len(set(texts)) == N_REQUESTS
+    lengths = [len(bert_engine.encode(t)) for t in texts]
+    assert min(lengths) <= 5 and max(lengths) >= 90
+
+    async def ask(i: int) -> tuple[int, Any, dict[str, str]]:
+        if i % 2:  # half raw text with the default top_k, half JSON with their own top_k
+            response = await client.post("/", data=texts[i].encode())
+        else:
+            response = await client.post("/", json={"inputs": texts[i], "parameters": {"top_k": 1 + i % 7}})
+        return response.status, await response.json(), dict(response.headers)
+
+    async def ask_without_mask() -> tuple[int, Any, dict[str, str]]:
+        response = await client.post("/", data=b"this request has no mask at all")
+        return response.status, await response.json(), dict(response.headers)
+
+    bad = asyncio.ensure_future(ask_without_mask())
+    results = await asyncio.gather(*(ask(i) for i in range(N_REQUESTS)), bad)
+
+    bad_status, bad_body, _ = results[-1]
+    assert bad_status == 422 and bad_body["error"]["kind"] == "no_mask_token"
+    for i, (status, body, _) in enumerate(results[:-1]):
+        assert status == 200, (i, body)
+        top_k = 5 if i % 2 else 1 + i % 7
+        assert_same_answers(body, direct(bert_engine, texts[i], top_k)[0])
+
+    batcher = client.app[BATCHER_KEY]
+    assert sum(model.batch_sizes) >= N_REQUESTS  # a split retry would only add to it
+    assert max(model.batch_sizes) > 1, model.batch_sizes
+    assert batcher.batches_run < N_REQUESTS
+    assert any(int(headers["X-Batch-Size"]) > 1 for _, _, headers in results[:-1])
