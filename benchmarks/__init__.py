@@ -1,0 +1,1 @@
+"""Side-by-side benchmark of maskserve, the seed's design and the offline pipeline (issue 6)."""

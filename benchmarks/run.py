@@ -1,0 +1,345 @@
+"""One command, one run: maskserve side by side with the seed's design and the offline pipeline.
+
+    python -m benchmarks.run --quick     # ~10 minutes on 2 cores
+    python -m benchmarks.run             # the full run: more requests and rounds
+
+For each model (the default model; a random model of bert-base's shape) it starts both servers as
+subprocesses, then repeats rounds that take turns between (a) the seed design, (c) maskserve at
+each concurrency and (b) the offline pipeline at several batch sizes, plain and length-sorted.
+Numbers drift between runs on a shared machine (FIELD.md §6), so the table reports medians of the
+rounds and, above all, ratios taken inside each round. Only one system computes at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import os
+import platform
+import statistics
+import sys
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+from maskserve.settings import available_cpus
+
+from . import offline
+from .load import Expected, LoadResult, percentile, run_load
+from .models import CACHE_DIR, BenchModel, bert_base_model, default_model
+from .sentences import make_sentences
+from .servers import RssSampler, Server, free_port, maskserve_argv, rss_bytes, seed_argv
+
+RESULTS = Path(__file__).resolve().parent / "results" / "latest.md"
+SEED, MASKSERVE = "seed design", "maskserve"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much of each measurement one model gets."""
+
+    mix: int  # sentences in the mix; a multiple of 32 keeps the length distribution exact
+    requests: dict[int, int]  # concurrency -> requests per measurement
+    batch_sizes: tuple[int, ...]  # offline pipeline batch sizes tried
+    rounds: int
+    time_cap_s: float  # per measurement
+
+    def requests_at(self, concurrency: int) -> int:
+        return self.requests.get(concurrency, max(self.mix, 3 * concurrency))
+
+
+# The bert-base shape runs at ~14 sentences/s here: few requests, or a round takes minutes.
+QUICK = {
+    "default": Plan(128, {1: 128, 8: 256, 64: 512}, (1, 8, 32, 64), 3, 90.0),
+    "bert-base": Plan(32, {1: 32, 8: 48, 64: 128}, (1, 8, 32), 3, 90.0),
+}
+FULL = {
+    "default": Plan(512, {1: 512, 8: 2048, 64: 4096}, (1, 8, 16, 32, 64), 5, 300.0),
+    "bert-base": Plan(128, {1: 128, 8: 256, 64: 512}, (1, 8, 16, 32, 64), 5, 300.0),
+}
+MODELS: dict[str, Callable[[], BenchModel]] = {"default": default_model, "bert-base": bert_base_model}
+
+
+@dataclass
+class Round:
+    """Everything one round measured for one model."""
+
+    loads: dict[tuple[str, int], LoadResult] = field(default_factory=dict)
+    offline: dict[tuple[bool, int], float] = field(default_factory=dict)  # (sorted, batch) -> sentences/s
+    single_call_ms: list[float] = field(default_factory=list)
+
+    def offline_best(self, *, sorted_: bool | None = None) -> float:
+        return max(rate for (s, _), rate in self.offline.items() if sorted_ is None or s == sorted_)
+
+
+@dataclass
+class ModelRun:
+    model: BenchModel
+    plan: Plan
+    mean_tokens: float
+    rounds: list[Round] = field(default_factory=list)
+    rss: list[tuple[float, int]] = field(default_factory=list)
+    rss_after_warmup: int = 0
+    # The 1/5/15-minute load averages: other work on the machine skews every number (FIELD.md §6).
+    load_before: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+
+def log(message: str) -> None:
+    print(f"[{dt.datetime.now():%H:%M:%S}] {message}", flush=True)
+
+
+def measure_server(
+    server: Server,
+    run: Round,
+    sentences: Sequence[str],
+    expected: Sequence[Expected],
+    plan: Plan,
+    concurrencies: Sequence[int],
+) -> None:
+    server.resume()
+    try:
+        for c in concurrencies:
+            result = asyncio.run(
+                run_load(
+                    server.url,
+                    sentences,
+                    expected,
+                    concurrency=c,
+                    requests=plan.requests_at(c),
+                    time_cap_s=plan.time_cap_s,
+                )
+            )
+            run.loads[server.name, c] = result
+            log(
+                f"  {server.name:<12} c={c:<3} {result.rps:8.1f} req/s  p50 {result.p(50):8.1f} ms  "
+                f"statuses {dict(result.statuses)}  wrong {result.wrong}"
+            )
+            if result.first_wrong:
+                log(f"  WRONG ANSWER: {result.first_wrong}")
+    finally:
+        server.pause()
+
+
+def measure_offline(pipe: Any, run: Round, sentences: Sequence[str], plan: Plan) -> None:
+    ordered = offline.by_length(pipe, sentences)
+    for batch_size in plan.batch_sizes:
+        for sorted_, mix in ((False, sentences), (True, ordered)):
+            run.offline[sorted_, batch_size] = offline.offline_rate(pipe, mix, batch_size=batch_size)
+    _, run.single_call_ms = offline.reference_answers(pipe, sentences)
+    log(
+        f"  offline      plain best {run.offline_best(sorted_=False):8.1f}/s  sorted best "
+        f"{run.offline_best(sorted_=True):8.1f}/s  single call p50 {percentile(run.single_call_ms, 50):.2f} ms"
+    )
+
+
+def warm_up(server: Server, sentences: Sequence[str], expected: Sequence[Expected], plan: Plan) -> None:
+    n = min(len(sentences), 64)
+    result = asyncio.run(
+        run_load(server.url, sentences[:n], expected[:n], concurrency=8, requests=n, time_cap_s=plan.time_cap_s)
+    )
+    if result.correct != n:
+        log(f"  warm-up of {server.name}: {result.correct}/{n} correct, {dict(result.statuses)}, {result.first_wrong}")
+
+
+def run_model(
+    model: BenchModel, plan: Plan, concurrencies: Sequence[int], *, log_dir: Path = CACHE_DIR / "logs"
+) -> ModelRun:
+    """Start both servers for ``model`` and measure ``plan.rounds`` rounds of all three systems."""
+    log(f"model {model.name}: {model.path}")
+    pipe = offline.load_pipeline(str(model.path))
+    sentences = make_sentences(plan.mix)
+    lengths = [len(ids) for ids in pipe.tokenizer(sentences)["input_ids"]]
+    result = ModelRun(model, plan, statistics.fmean(lengths), load_before=os.getloadavg())
+    expected, _ = offline.reference_answers(pipe, sentences)  # also warms the offline pipeline up
+    offline.offline_rate(pipe, sentences, batch_size=8)
+    seed = Server(SEED, seed_argv(model.path, port := free_port()), port, log_dir / "seed.log")
+    maskserve = Server(MASKSERVE, maskserve_argv(model.path, port := free_port()), port, log_dir / "maskserve.log")
+    with seed:
+        warm_up(seed, sentences, expected, plan)
+        seed.pause()
+        with maskserve:
+            sampler = RssSampler(maskserve.pid, 1.0).start()
+            warm_up(maskserve, sentences, expected, plan)
+            result.rss_after_warmup = rss_bytes(maskserve.pid)
+            maskserve.pause()
+            steps: list[Callable[[Round], None]] = [
+                lambda r: measure_server(seed, r, sentences, expected, plan, concurrencies),
+                lambda r: measure_server(maskserve, r, sentences, expected, plan, concurrencies),
+                lambda r: measure_offline(pipe, r, sentences, plan),
+            ]
+            for i in range(plan.rounds):
+                log(f"round {i + 1}/{plan.rounds}")
+                round_ = Round()
+                for step in steps[i % 3 :] + steps[: i % 3]:  # take turns: drift hits each system alike
+                    step(round_)
+                result.rounds.append(round_)
+            result.rss = sampler.stop()
+    result.load_after = os.getloadavg()
+    return result
+
+
+# -- the report ------------------------------------------------------------------------------
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def spread(values: Sequence[float], fmt: str = "{:.1f}") -> str:
+    if len(values) < 2:
+        return fmt.format(median(values))
+    return f"{fmt.format(median(values))} ({fmt.format(min(values))}–{fmt.format(max(values))})"
+
+
+def ratio(values: Sequence[float]) -> str:
+    return f"{median(values):.2f}×"
+
+
+def _best_batch_size(run: ModelRun, *, sorted_: bool) -> int:
+    def rate(batch_size: int) -> float:
+        return median([r.offline[sorted_, batch_size] for r in run.rounds])
+
+    return max(run.plan.batch_sizes, key=rate)
+
+
+def _load(averages: Sequence[float]) -> str:
+    return "/".join(f"{a:.1f}" for a in averages)
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def render(runs: Sequence[ModelRun], concurrencies: Sequence[int], command: str, mode: str) -> str:
+    lines = [
+        "# Benchmark: maskserve vs the seed design vs the offline pipeline",
+        "",
+        f"- command: `{command}` ({mode})",
+        f"- date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC",
+        f"- machine: {cpu_model()}, nproc {available_cpus()} (os.cpu_count {os.cpu_count()}), "
+        f"Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}",
+        f"- torch threads: {available_cpus()} for the offline pipeline, maskserve and the seed design alike",
+        "- req/s: correct answers per second, median of the rounds (min–max); ratios are medians of "
+        "per-round ratios. Latencies pool all rounds. Offline = `pipeline(sentences, batch_size=b)` "
+        "in-process, best b of the round.",
+        "",
+    ]
+    for run in runs:
+        plan = run.plan
+        lines += [
+            f"## {run.model.name}",
+            "",
+            f"{plan.mix} sentences, {run.mean_tokens:.1f} tokens on average, one mask each; "
+            f"{plan.rounds} rounds; requests per measurement: "
+            + ", ".join(f"c={c}: {plan.requests_at(c)}" for c in concurrencies)
+            + f"; offline batch sizes {', '.join(map(str, plan.batch_sizes))}. Load average "
+            f"(1/5/15 min) {_load(run.load_before)} before, {_load(run.load_after)} after.",
+            "",
+            "| concurrency | system | req/s | p50 ms | p90 ms | p99 ms | statuses | wrong answers |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for c in concurrencies:
+            for system in (SEED, MASKSERVE):
+                results = [r.loads[system, c] for r in run.rounds]
+                latencies = [ms for r in results for ms in r.latencies_ms]
+                statuses: Counter[str] = sum((r.statuses for r in results), Counter())
+                capped = " (time cap hit)" if any(r.capped for r in results) else ""
+                lines.append(
+                    f"| {c} | {system} | {spread([r.rps for r in results])}{capped} | "
+                    f"{percentile(latencies, 50):.1f} | {percentile(latencies, 90):.1f} | "
+                    f"{percentile(latencies, 99):.1f} | "
+                    + ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items()))
+                    + f" | {sum(r.wrong for r in results)} |"
+                )
+        best_b = {s: _best_batch_size(run, sorted_=s) for s in (False, True)}
+        offline_rows = [
+            ("offline pipeline, plain order", [r.offline_best(sorted_=False) for r in run.rounds], best_b[False]),
+            ("offline pipeline, length-sorted", [r.offline_best(sorted_=True) for r in run.rounds], best_b[True]),
+        ]
+        lines += ["", "| offline (no server) | sentences/s | best batch size |", "|---|---|---|"]
+        lines += [f"| {name} | {spread(rates)} | {b} |" for name, rates, b in offline_rows]
+        lines += [
+            "",
+            "| concurrency | maskserve / seed | maskserve / offline sorted | maskserve / offline best |",
+            "|---|---|---|---|",
+        ]
+        for c in concurrencies:
+            ms = [r.loads[MASKSERVE, c].rps for r in run.rounds]
+            lines.append(
+                f"| {c} | {ratio([m / r.loads[SEED, c].rps for m, r in zip(ms, run.rounds)])} | "
+                f"{ratio([m / r.offline_best(sorted_=True) for m, r in zip(ms, run.rounds)])} | "
+                f"{ratio([m / r.offline_best() for m, r in zip(ms, run.rounds)])} |"
+            )
+        if 1 in concurrencies:
+            single = [percentile(r.single_call_ms, 50) for r in run.rounds]
+            c1 = [r.loads[MASKSERVE, 1].p(50) for r in run.rounds]
+            lines += [
+                "",
+                f"Concurrency 1: maskserve p50 {median(c1):.2f} ms over HTTP vs one offline pipeline call "
+                f"p50 {median(single):.2f} ms on the same mix: "
+                f"{median([a - b for a, b in zip(c1, single)]):+.2f} ms (median of per-round differences).",
+            ]
+        if run.rss:
+            values = [b for _, b in run.rss]
+            mib = 1024 * 1024
+            lines += [
+                "",
+                f"maskserve resident memory (VmRSS, sampled every 1 s over {run.rss[-1][0]:.0f} s): "
+                f"{values[0] / mib:.0f} MiB at start, {run.rss_after_warmup / mib:.0f} MiB after warm-up, "
+                f"max {max(values) / mib:.0f} MiB, {values[-1] / mib:.0f} MiB at the end "
+                f"({(values[-1] - run.rss_after_warmup) / run.rss_after_warmup:+.1%} since warm-up).",
+            ]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer requests and rounds (~10 minutes on 2 cores)")
+    parser.add_argument("--models", default="default,bert-base", help="comma-separated: default, bert-base")
+    parser.add_argument("--concurrency", default="1,8,64", help="comma-separated client counts")
+    parser.add_argument("--rounds", type=int, default=0, help="override the plan's round count")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the Markdown table goes")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    torch.set_num_threads(available_cpus())  # as maskserve does: the CPUs this process may use
+    plans = QUICK if args.quick else FULL
+    keys = [k.strip() for k in args.models.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in MODELS]
+    if unknown:
+        raise SystemExit(f"unknown model(s) {unknown}; choose from {list(MODELS)}")
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    runs = []
+    for key in keys:
+        plan = plans[key]
+        if args.rounds:
+            plan = Plan(plan.mix, plan.requests, plan.batch_sizes, args.rounds, plan.time_cap_s)
+        runs.append(run_model(MODELS[key](), plan, concurrencies, log_dir=CACHE_DIR / "logs" / key))
+    command = "python -m benchmarks.run " + " ".join(sys.argv[1:] if argv is None else argv)
+    report = render(runs, concurrencies, command.strip(), "quick" if args.quick else "full")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(report, encoding="utf-8")
+    print(report)
+    log(f"written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
