@@ -250,7 +250,7 @@ def test_cost_model_learns_fixed_and_per_token_cost() -> None:
     cost = CostModel()
     assert cost.predict(1000) == 0.0  # never refuse on a guess
     cost.observe(BatchReport(size=1, real_tokens=100, padded_tokens=100, seconds=0.02, failed=0))
-    assert cost.coefficients() == pytest.approx((0.01, 1e-4))  # one size seen: half per pass, half per token
+    assert cost.coefficients() == pytest.approx((0.02, 0.0))  # one size seen: no slope, all per pass
     for padded in (100, 400, 800, 200, 600, 300, 700, 500) * 20:
         cost.observe(
             BatchReport(size=4, real_tokens=padded, padded_tokens=padded, seconds=0.01 + padded * 1e-4, failed=0)

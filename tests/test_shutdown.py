@@ -73,7 +73,7 @@ async def test_sigterm_with_requests_in_flight_answers_them_all_then_exits_0() -
     )
     url = f"http://127.0.0.1:{port}/"
     try:
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             deadline = time.monotonic() + 60
             while True:
                 try:
@@ -85,15 +85,16 @@ async def test_sigterm_with_requests_in_flight_answers_them_all_then_exits_0() -
                         raise
                     await asyncio.sleep(0.2)
             # Long texts one at a time on the default model: the queue is still deep at SIGTERM.
-            texts = [f"the {'big red ' * (150 + n)}[MASK] is red." for n in range(40)]
+            texts = [f"the {'big red ' * (200 + n % 30)}[MASK] is red." for n in range(120)]
 
-            async def ask(text: str) -> int:
+            async def ask(text: str) -> str:
                 async with session.post(url, data=text) as response:
-                    await response.read()
-                    return response.status
+                    if response.status == 200:
+                        return "ok"
+                    return str((await response.json())["error"]["kind"])
 
             tasks = [asyncio.create_task(ask(t)) for t in texts]
-            await asyncio.sleep(0.5)  # let every request reach its handler
+            await asyncio.sleep(0.3)  # let every request reach its handler
             server.send_signal(signal.SIGTERM)
             statuses = await asyncio.gather(*tasks, return_exceptions=True)
         exit_code = await asyncio.to_thread(server.wait, 30)
@@ -104,10 +105,10 @@ async def test_sigterm_with_requests_in_flight_answers_them_all_then_exits_0() -
         if server.stdout:
             server.stdout.close()
     assert exit_code == 0, output
-    print(statuses)
-    # Everything that reached the server before SIGTERM got its answer; nothing failed with a 5xx
-    # other than a clean 503 for work that arrived after intake stopped.
-    answered = [s for s in statuses if isinstance(s, int)]
-    assert answered, statuses
-    assert set(answered) <= {200, 503}, statuses
-    assert answered.count(200) >= 1
+    # Requests already queued at SIGTERM are answered; ones the server read after intake closed
+    # get a clean 503 shutting_down. Nothing else: no dropped connection, no other error.
+    assert set(statuses) <= {"ok", "shutting_down"}, statuses
+    draining = re.search(r"draining (\d+) queued texts", output)
+    assert draining and int(draining.group(1)) > 0, output  # SIGTERM really found work waiting
+    assert statuses.count("ok") >= int(draining.group(1))
+    assert "drain budget" not in output  # finished within the budget: nothing answered 503

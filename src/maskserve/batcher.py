@@ -110,9 +110,10 @@ class CostModel:
         mean_x, mean_y = self._x / self._w, self._y / self._w
         variance = self._xx / self._w - mean_x * mean_x
         if variance <= 1e-9 * max(1.0, mean_x * mean_x):
-            # All batches had the same size: no slope to fit yet. Charge half to the pass and half
-            # to its tokens, a prior that keeps batches whole until sizes vary enough to tell.
-            return mean_y / 2, mean_y / (2 * max(1.0, mean_x))
+            # All batches had the same size: no slope to fit yet. Charge it all to the pass: a
+            # short first batch (often a cold one) must not be extrapolated per token to a deep
+            # queue of long texts, and an unsplit batch is the safe default for packing.
+            return mean_y, 0.0
         per_token = max(0.0, (self._xy / self._w - mean_x * mean_y) / variance)
         fixed = max(0.0, mean_y - per_token * mean_x)
         return fixed, per_token
@@ -343,19 +344,25 @@ class Batcher:
                 window.append(item)
         if not window:
             return []
-        fixed, per_token = self.cost.coefficients()
         chosen = choose_batch(
             [item.n_tokens for item in window],
             max_batch_size=self.limits.max_batch_size,
             max_batch_tokens=self.limits.max_batch_tokens,
-            # Before any measurement, assume a pass costs as much as 32 tokens of compute.
-            batch_overhead_tokens=fixed / per_token if per_token > 0 else 32.0,
+            batch_overhead_tokens=self._batch_overhead_tokens(),
         )
         batch = [window[i] for i in chosen]
         taken = {id(item) for item in batch}
         self._queue = deque(item for item in self._queue if id(item) not in taken)
         self._queued_tokens -= sum(item.n_tokens for item in batch)
         return batch
+
+    def _batch_overhead_tokens(self) -> float:
+        """The fixed cost of a forward pass, in tokens of compute: what a split must save."""
+        fixed, per_token = self.cost.coefficients()
+        if per_token > 0:
+            return fixed / per_token
+        # Unmeasured: assume a pass costs 32 tokens. Measured without a slope: never split.
+        return float("inf") if fixed > 0 else 32.0
 
     async def _run_batch(self, loop: asyncio.AbstractEventLoop, batch: list[WorkItem]) -> None:
         queries = [item.query for item in batch]
