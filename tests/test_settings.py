@@ -54,6 +54,7 @@ BAD_VALUES: dict[str, str] = {
     "default_top_k": "0",
     "drain_timeout": "inf",
     "stall_timeout": "0",
+    "stall_timeout": "0",
     "log_level": "loud",
     "log_json": "maybe",
 }

@@ -54,7 +54,7 @@ class ClientError(MaskserveError):
 
 
 class InvalidBody(ClientError):
-    """The body cannot be read: invalid UTF-8, invalid JSON, or JSON of the wrong shape."""
+    """The body cannot be read: invalid UTF-8, or invalid or too deeply nested JSON."""
 
     kind = "invalid_body"
 
