@@ -1,0 +1,103 @@
+"""The README's tables are generated from the code and must stay in step with it.
+
+Regenerate them with ``python -m tests.test_readme`` and paste each between its markers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+from maskserve import errors
+from maskserve.settings import ENV_PREFIX, Settings
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+HEADERS = ("X-Request-Id", "X-Queue-Time-Ms", "X-Inference-Time-Ms", "X-Batch-Size", "X-Request-Timeout")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _default(value: object) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "false" if not value else "true"
+    return str(value)
+
+
+def settings_table() -> str:
+    """Markdown table of every setting: flag, environment variable, default, meaning."""
+    rows = ["| flag | environment | default | meaning |", "| --- | --- | --- | --- |"]
+    for f in dataclasses.fields(Settings):
+        flag = "--" + f.name.replace("_", "-")
+        env = ENV_PREFIX + f.name.upper()
+        rows.append(f"| `{flag}` | `{env}` | `{_default(f.default)}` | {_cell(f.metadata['help'])} |")
+    return "\n".join(rows)
+
+
+def error_classes() -> list[type[errors.MaskserveError]]:
+    """Every error class, depth first in the order they are declared (the tree in errors.py)."""
+    found: list[type[errors.MaskserveError]] = []
+
+    def walk(cls: type[errors.MaskserveError]) -> None:
+        found.append(cls)
+        for sub in cls.__subclasses__():
+            if sub.__module__ == errors.__name__:
+                walk(sub)
+
+    walk(errors.MaskserveError)
+    return found[1:]  # MaskserveError itself is never raised
+
+
+def error_table() -> str:
+    """Markdown table of every error kind: status, kind, when it is answered."""
+    rows = ["| status | kind | when |", "| --- | --- | --- |"]
+    for cls in error_classes():
+        when = (cls.__doc__ or "").strip().splitlines()[0]
+        rows.append(f"| {cls.status} | `{cls.kind}` | {_cell(when)} |")
+    return "\n".join(rows)
+
+
+def between(marker: str) -> str:
+    """The README text between ``<!-- marker -->`` and ``<!-- /marker -->``."""
+    found = re.search(rf"<!-- {marker} -->\n(.*?)\n<!-- /{marker} -->", README.read_text(encoding="utf-8"), re.S)
+    assert found, f"README.md lacks the <!-- {marker} --> ... <!-- /{marker} --> block"
+    return found.group(1).strip()
+
+
+def test_every_setting_flag_is_in_the_configuration_table() -> None:
+    table = between("settings-table")
+    for f in dataclasses.fields(Settings):
+        assert f"`--{f.name.replace('_', '-')}`" in table
+        assert f"`{ENV_PREFIX}{f.name.upper()}`" in table
+
+
+def test_configuration_table_matches_the_settings() -> None:
+    assert between("settings-table") == settings_table(), "regenerate: python -m tests.test_readme"
+
+
+def test_error_kinds_table_matches_the_error_tree() -> None:
+    assert between("error-kinds") == error_table(), "regenerate: python -m tests.test_readme"
+
+
+def test_every_error_kind_is_distinct() -> None:
+    kinds = [cls.kind for cls in error_classes()]
+    assert len(kinds) == len(set(kinds))
+
+
+def test_api_section_documents_every_header() -> None:
+    api = between("api")
+    for header in HEADERS:
+        assert header in api
+
+
+if __name__ == "__main__":
+    print("<!-- settings-table -->")
+    print(settings_table())
+    print("<!-- /settings-table -->\n")
+    print("<!-- error-kinds -->")
+    print(error_table())
+    print("<!-- /error-kinds -->")
