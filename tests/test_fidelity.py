@@ -72,7 +72,7 @@ def pipeline_answer(pipe: Any, text: str, top_k: int, targets: Sequence[str] | N
     return per_mask(pipe(text, **kwargs))
 
 
-def assert_same(ours: TextPredictions, theirs: list[list[dict[str, Any]]], label: str) -> None:
+def assert_same(ours: TextPredictions, theirs: Sequence[Sequence[Any]], label: str) -> None:
     assert len(ours) == len(theirs), f"{label}: {len(ours)} masks answered, pipeline has {len(theirs)}"
     for mask, (mine, expected) in enumerate(zip(ours, theirs)):
         where = f"{label}, mask {mask}"
