@@ -46,7 +46,11 @@ def load_model(settings: Settings) -> FillMaskModel:
     from .engine import load_engine
 
     return load_engine(
-        settings.model, device=settings.device, dtype=settings.dtype, threads=settings.resolved_torch_threads()
+        settings.model,
+        device=settings.device,
+        dtype=settings.dtype,
+        threads=settings.resolved_torch_threads(),
+        quantize=settings.quantize,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -248,7 +249,25 @@ class FillMaskEngine:
         return base, head
 
 
-def load_engine(model: str | None, *, device: str = "cpu", dtype: str = "auto", threads: int = 1) -> FillMaskEngine:
+def quantize_int8(model: PreTrainedModel) -> PreTrainedModel:
+    """Dynamic int8 quantization of every Linear layer: weights int8, activations quantized per batch.
+
+    torch.ao's eager API is deprecated in favour of torchao, which would be a new dependency for
+    one call; its warning is silenced here, and only here, on purpose.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torch.ao.quantization import quantize_dynamic
+
+        quantized: PreTrainedModel = quantize_dynamic(  # type: ignore[no-untyped-call]
+            model, {torch.nn.Linear}, dtype=torch.qint8
+        )
+    return quantized
+
+
+def load_engine(
+    model: str | None, *, device: str = "cpu", dtype: str = "auto", threads: int = 1, quantize: str = "none"
+) -> FillMaskEngine:
     """Load the tokenizer and masked-LM model once, refusing any model that cannot fill masks."""
     started = time.perf_counter()
     source: str | Path | None = model
@@ -277,13 +296,19 @@ def load_engine(model: str | None, *, device: str = "cpu", dtype: str = "auto", 
             f"model {str(source)!r} lacks {len(missing)} weights of its masked-LM model ({shown}); "
             "transformers would fill them at random and every answer would be noise"
         )
-    engine = FillMaskEngine(tokenizer, loaded.to(target_device), name=str(model or source), device=target_device)
+    loaded = loaded.to(target_device)
+    if quantize == "int8":
+        if target_device.type != "cpu":
+            raise ModelLoadError("--quantize int8 runs on the CPU only; use --dtype float16 on CUDA")
+        loaded = quantize_int8(loaded)
+    engine = FillMaskEngine(tokenizer, loaded, name=str(model or source), device=target_device)
     engine.source = str(source)
     engine.load_seconds = time.perf_counter() - started
     log.info(
-        "model ready in %.2fs: %s, mask token %s, up to %d tokens, mask-only head: %s",
+        "model ready in %.2fs: %s%s, mask token %s, up to %d tokens, mask-only head: %s",
         time.perf_counter() - started,
         type(loaded).__name__,
+        " (int8)" if quantize == "int8" else "",
         engine.mask_token,
         engine.max_tokens,
         engine._split_head is not None,

@@ -135,6 +135,12 @@ class Settings:
         _choice("auto", "float32", "float16", "bfloat16"),
         "Model weights dtype. auto = float32 on CPU, float16 on CUDA. Half precision is for CUDA.",
     )
+    quantize: str = _setting(
+        "none",
+        _choice("none", "int8"),
+        "int8 = dynamic int8 quantization of linear layers (CPU only): faster on CPU, answers may "
+        "differ slightly from float32 (see the benchmark's top-1 agreement).",
+    )
     torch_threads: int = _setting(
         0,
         _non_negative_int,
