@@ -129,11 +129,12 @@ async def test_readyz_turns_503_once_the_predicted_wait_exceeds_the_default_dead
 ) -> None:
     model = ControlledModel()
     client = await make_client(engine=model, request_timeout=10.0)
-    # As if a pass over 400 tokens had taken 16 s: 8 s per pass + 0.02 s per token by the cost
-    # model's prior. Idle, one more text is predicted to wait 8 s, within the 10 s deadline; once
-    # a short pass (about 8 s) is in flight, about 16 s: beyond it.
-    report = BatchReport(size=10, real_tokens=400, padded_tokens=400, seconds=16.0, failed=0)
-    client.app[BATCHER_KEY].cost.observe(report)
+    # As if passes over 100 and 200 tokens had each taken 8 s: 8 s per pass, whatever its size.
+    # Idle, one more text is predicted to wait 8 s, within the 10 s deadline; once a pass is in
+    # flight, about 8 + 8 = 16 s: beyond it.
+    for tokens in (100, 200):
+        report = BatchReport(size=10, real_tokens=tokens, padded_tokens=tokens, seconds=8.0, failed=0)
+        client.app[BATCHER_KEY].cost.observe(report)
     assert (await probe(client, "/readyz"))[0] == 200
     model.hold()
     try:
