@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
@@ -186,3 +188,18 @@ def test_padding_ratio_is_the_share_of_padded_tokens_that_were_padding() -> None
     assert value(samples, "maskserve_batch_size_sum") == 2
     assert value(samples, "maskserve_inference_busy_seconds_total") == 0.5
     assert value(samples, "maskserve_inference_failed_texts_total") == 1
+
+
+async def test_every_exported_metric_is_documented_in_the_readme(make_client: ClientFactory) -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Operability", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"^\| `(maskserve_\w+)` \|", section, flags=re.MULTILINE))
+    client = await make_client()
+    assert (await client.post("/", data="the [MASK] is red.")).status == 200
+    response = await client.get("/metrics")
+    exported = set()
+    for family in text_string_to_metric_families(await response.text()):
+        if family.name.endswith("_created"):
+            continue  # prometheus_client's creation timestamps, not metrics of ours
+        exported.add(family.name + "_total" if family.type == "counter" else family.name)
+    assert exported == documented
