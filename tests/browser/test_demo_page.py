@@ -10,7 +10,7 @@ import itertools
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Locator, Page, expect
+from playwright.sync_api import Locator, Page, Route, expect
 
 from .conftest import LAPTOP, PHONE, OpenPage
 
@@ -71,13 +71,16 @@ def test_typed_sentence_gets_predictions_drawn_as_bars(open_page: OpenPage, java
 def test_busy_state_shows_while_waiting(open_page: OpenPage) -> None:
     watched = open_page(javascript=True)
     page = watched.page
-    held = []
+    held: list[Route] = []
     page.route("**/demo", lambda route: held.append(route))  # hold the request until the test lets it go
     fill_in(page, PARIS)
     expect(page.locator("#fill-form")).to_have_attribute("aria-busy", "true")
     expect(page.locator("#submit")).to_be_disabled()
     expect(page.locator("#submit")).to_contain_text("Filling in")
-    page.wait_for_function("() => true")  # let the route event arrive
+    for _ in range(200):  # let the route event arrive (it is dispatched between API calls)
+        if held:
+            break
+        page.wait_for_timeout(50)
     assert len(held) == 1
     held[0].continue_()
     expect(rows(page)).to_have_count(5)
