@@ -1,0 +1,121 @@
+"""The benchmark's pieces work, on the default model and tiny counts (no timing is asserted)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from transformers import AutoTokenizer
+
+from benchmarks import offline
+from benchmarks.load import check_answer, percentile, run_load
+from benchmarks.models import BenchModel, default_model
+from benchmarks.sentences import MASK, WORD_COUNTS, WORDS, make_sentences
+from maskserve.engine import FillMaskEngine, default_model_dir
+
+from .conftest import ClientFactory
+
+
+@pytest.fixture(scope="module")
+def default_pipe() -> Any:
+    return offline.load_pipeline(str(default_model_dir()))
+
+
+@pytest.fixture(scope="module")
+def mix(default_pipe: Any) -> tuple[list[str], list[Any]]:
+    sentences = make_sentences(8)
+    expected, _ = offline.reference_answers(default_pipe, sentences)
+    return sentences, expected
+
+
+def test_sentence_mix_is_fixed_distinct_one_mask_each_and_23_5_tokens_on_average() -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(default_model_dir()))
+    sentences = make_sentences(len(WORD_COUNTS))
+    assert sentences == make_sentences(len(WORD_COUNTS))
+    assert len(set(sentences)) == len(sentences)
+    assert all(s.count(MASK) == 1 for s in sentences)
+    assert [w for w in WORDS if len(tokenizer(w, add_special_tokens=False)["input_ids"]) != 1] == []
+    lengths = [len(ids) for ids in tokenizer(sentences)["input_ids"]]
+    assert sum(lengths) / len(lengths) == 23.5
+    assert (min(lengths), max(lengths)) == (6, 100)
+
+
+def test_check_answer_accepts_its_own_answer_and_catches_a_swapped_one(
+    default_pipe: Any, mix: tuple[list[str], list[Any]]
+) -> None:
+    sentences, expected = mix
+    first, second = default_pipe(sentences[0]), default_pipe(sentences[1])
+    assert check_answer(first, expected[0]) is None
+    assert check_answer(second, expected[1]) is None
+    assert check_answer(second, expected[0]) is not None
+    assert check_answer(first, expected[1]) is not None
+    assert check_answer({"error": "boom"}, expected[0]) is not None
+
+
+def test_check_answer_catches_a_right_token_with_another_sentences_sequence(mix: tuple[list[str], list[Any]]) -> None:
+    _, expected = mix
+    token, sequence = next(iter(expected[0].items()))
+    assert check_answer([{"token": token, "sequence": sequence, "score": 0.5}], expected[0]) is None
+    other = next(iter(expected[1].values()))
+    assert "another sentence" in str(check_answer([{"token": token, "sequence": other, "score": 0.5}], expected[0]))
+
+
+async def test_load_counts_correct_answers_and_flags_answers_checked_against_the_wrong_sentence(
+    make_client: ClientFactory, default_engine: FillMaskEngine, mix: tuple[list[str], list[Any]]
+) -> None:
+    sentences, expected = mix
+    client = await make_client(engine=default_engine)
+    url = str(client.make_url("/"))
+    good = await run_load(url, sentences, expected, concurrency=4, requests=12, time_cap_s=60)
+    assert (good.sent, good.correct, good.wrong, good.statuses) == (12, 12, 0, Counter({"200": 12}))
+    assert len(good.latencies_ms) == 12 and good.rps > 0
+    swapped = expected[1:] + expected[:1]  # every answer now checked against its neighbour
+    bad = await run_load(url, sentences, swapped, concurrency=4, requests=8, time_cap_s=60)
+    assert (bad.correct, bad.wrong, bad.rps) == (0, 8, 0.0)
+    assert bad.first_wrong is not None
+
+
+async def test_load_goes_to_loopback_only(mix: tuple[list[str], list[Any]]) -> None:
+    sentences, expected = mix
+    with pytest.raises(ValueError, match="loopback"):
+        await run_load("http://192.0.2.1:8000/", sentences, expected, concurrency=1, requests=1, time_cap_s=1)
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert (percentile(values, 50), percentile(values, 90), percentile(values, 99)) == (50.0, 90.0, 99.0)
+    assert percentile([3.0], 99) == 3.0
+
+
+def test_length_sorting_keeps_every_sentence_and_orders_by_tokens(default_pipe: Any) -> None:
+    sentences = make_sentences(32)
+    ordered = offline.by_length(default_pipe, sentences)
+    lengths = [len(ids) for ids in default_pipe.tokenizer(ordered)["input_ids"]]
+    assert sorted(ordered) == sorted(sentences)
+    assert lengths == sorted(lengths)
+    assert offline.offline_rate(default_pipe, ordered[:8], batch_size=4) > 0
+
+
+@pytest.mark.slow
+def test_one_run_measures_seed_maskserve_and_offline_and_renders_the_table(tmp_path: Path) -> None:
+    pytest.importorskip("starlette", reason="the seed design needs the bench extra: pip install starlette uvicorn")
+    pytest.importorskip("uvicorn", reason="the seed design needs the bench extra: pip install starlette uvicorn")
+    from benchmarks.run import MASKSERVE, SEED, Plan, render, run_model
+
+    plan = Plan(mix=8, requests={1: 4, 4: 8}, batch_sizes=(1, 4), rounds=2, time_cap_s=60)
+    model = default_model()
+    run = run_model(BenchModel("tiny", model.path), plan, [1, 4], log_dir=tmp_path)
+    assert len(run.rounds) == 2
+    for round_ in run.rounds:
+        for system in (SEED, MASKSERVE):
+            assert round_.loads[system, 1].correct == 4
+            assert round_.loads[system, 4].correct == 8
+        assert set(round_.offline) == {(False, 1), (True, 1), (False, 4), (True, 4)}
+        assert len(round_.single_call_ms) == 8
+    assert run.rss and run.rss_after_warmup > 0
+    table = render([run], [1, 4], "python -m benchmarks.run --test", "test")
+    assert "| 4 | maskserve | " in table and "| 1 | seed design | " in table
+    assert "| 4 | seed design | " in table and "200: 16 | 0 |" in table
+    assert "offline pipeline, length-sorted" in table and "Concurrency 1: maskserve p50" in table
