@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from . import health, info, page, views
+from . import health, info, openapi, page, views
 
 # Routes that queue work for the model: the circuit breaker may refuse these, and only these.
 # Health, metrics, info and the demo page's GET are never shed.
@@ -27,5 +27,7 @@ def setup_routes(app: web.Application) -> None:
             web.get("/readyz", health.readyz, name="readyz"),
             web.get("/metrics", views.metrics, name="metrics"),
             web.get("/info", info.info, name="info"),
+            # The OpenAPI 3.1 document of this table, with the limits this server enforces.
+            web.get("/openapi.json", openapi.openapi, name="openapi"),
         ]
     )

@@ -7,6 +7,7 @@ anything else is logged with its traceback and answered with a fixed 500.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import uuid
@@ -67,6 +68,11 @@ def assign_request_id(request: web.Request) -> str:
     return request_id
 
 
+async def _is_file(response: web.FileResponse) -> bool:
+    # FileResponse keeps its path only in ``_path``; stat it off the event loop, as aiohttp does.
+    return await asyncio.to_thread(response._path.is_file)
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     request_id = assign_request_id(request)
@@ -83,8 +89,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         log.exception("unexpected error [request_id=%s]", request_id)
         error = InternalError(INTERNAL_MESSAGE)
     else:
-        response.headers[REQUEST_ID_HEADER] = request_id
-        return response
+        if isinstance(response, web.FileResponse) and not await _is_file(response):
+            # aiohttp's static route finds a missing file only while sending, and then answers
+            # an empty 404: catch it here so it leaves in the error shape like every other 404.
+            error = NotFound("no such path; POST / with a sentence to fill")
+        else:
+            response.headers[REQUEST_ID_HEADER] = request_id
+            return response
     if error.status >= 500 and not isinstance(error, InternalError):
         log.warning("%s: %s [request_id=%s]", error.kind, error.message, request_id)
     request[ERROR_KIND_KEY] = error.kind

@@ -1,0 +1,364 @@
+"""``GET /openapi.json``: the OpenAPI 3.1 document of every route, built from this server's limits.
+
+Written in code rather than kept as a file, so the numbers in it (``maxItems``, ``maximum``, the
+body size) are the ones this server enforces, and the request body schema is the very one the
+parser validates with (:func:`maskserve.schemas.request_schema`). ``tests/test_openapi.py`` keeps
+it true: every route in the router is documented, and real responses validate against it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from . import __version__
+from .deadlines import TIMEOUT_HEADER
+from .errors import MaskserveError
+from .keys import MODEL_KEY, SETTINGS_KEY
+from .middleware.errors import REQUEST_ID_HEADER
+from .schemas import Limits, request_schema
+from .settings import Settings
+
+OPENAPI_VERSION = "3.1.0"
+JSON = "application/json"
+HTML = "text/html"
+# The Prometheus text exposition format, as prometheus_client names it.
+PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
+
+Schema = dict[str, Any]
+
+
+def _ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def error_kinds() -> list[str]:
+    """Every ``kind`` an error body may carry: walked from the error tree, so none is forgotten."""
+    kinds: set[str] = set()
+    pending: list[type[MaskserveError]] = [MaskserveError]
+    while pending:
+        cls = pending.pop()
+        kinds.add(cls.kind)
+        pending.extend(cls.__subclasses__())
+    return sorted(kinds)
+
+
+def _schemas(limits: Limits) -> dict[str, Schema]:
+    prediction = {
+        "type": "object",
+        "required": ["score", "token", "token_str", "sequence"],
+        "additionalProperties": False,
+        "properties": {
+            "score": {"type": "number", "minimum": 0, "maximum": 1},
+            "token": {"type": "integer", "minimum": 0},
+            "token_str": {"type": "string"},
+            "sequence": {"type": "string"},
+        },
+    }
+    predictions = {"type": "array", "items": _ref("Prediction"), "maxItems": limits.max_top_k}
+    per_mask = {"type": "array", "items": _ref("Predictions")}
+    text_answer = {"anyOf": [_ref("Predictions"), per_mask]}
+    return {
+        "FillMaskRequest": request_schema(limits),
+        "Prediction": prediction,
+        "Predictions": predictions,
+        "FillMaskResponse": {
+            "description": (
+                "The fill-mask pipeline's shape: a text with one mask answers a list of predictions, "
+                "with several masks a list of such lists; a list of inputs answers one of those per input."
+            ),
+            "anyOf": [
+                text_answer,
+                {"type": "array", "items": text_answer, "minItems": 1, "maxItems": limits.max_inputs},
+            ],
+        },
+        "Error": {
+            "type": "object",
+            "required": ["error"],
+            "additionalProperties": False,
+            "properties": {
+                "error": {
+                    "type": "object",
+                    "required": ["kind", "message", "request_id"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "kind": {"type": "string", "enum": error_kinds()},
+                        "message": {"type": "string"},
+                        "request_id": {"type": "string", "minLength": 1},
+                    },
+                }
+            },
+        },
+        "Health": {
+            "type": "object",
+            "required": ["status", "problems"],
+            # The facts a probe looked at (queue depth, busy time...) follow these two fields.
+            "additionalProperties": True,
+            "properties": {
+                "status": {"enum": ["ok", "unavailable"]},
+                "problems": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["code", "message"],
+                        "additionalProperties": False,
+                        "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+                    },
+                },
+            },
+        },
+        "Info": {
+            "type": "object",
+            "required": ["model", "batching", "breaker", "limits", "versions"],
+            "properties": {
+                name: {"type": ["object", "null"]} for name in ("model", "batching", "breaker", "limits", "versions")
+            },
+        },
+    }
+
+
+def _header(description: str, schema: Schema | None = None, *, required: bool = False) -> Schema:
+    return {"description": description, "required": required, "schema": schema or {"type": "string"}}
+
+
+REQUEST_ID = _header("The request's id: the caller's when short and plain, else a new one.", required=True)
+
+
+def _error(description: str, *extra_headers: tuple[str, Schema]) -> Schema:
+    return {
+        "description": description,
+        "headers": {REQUEST_ID_HEADER: REQUEST_ID, **dict(extra_headers)},
+        "content": {JSON: {"schema": _ref("Error")}},
+    }
+
+
+def _retry_after() -> tuple[str, Schema]:
+    return (
+        "Retry-After",
+        _header(
+            "Whole seconds to wait before retrying, computed from the work ahead.", {"type": "string"}, required=True
+        ),
+    )
+
+
+def _ok(description: str, content_type: str, schema: Schema, **headers: Schema) -> Schema:
+    return {
+        "description": description,
+        "headers": {REQUEST_ID_HEADER: REQUEST_ID, **headers},
+        "content": {content_type: {"schema": schema}},
+    }
+
+
+def _probe(summary: str, description: str) -> Schema:
+    return {
+        "summary": summary,
+        "description": description,
+        "tags": ["operations"],
+        "responses": {
+            "200": _ok("Healthy.", JSON, _ref("Health")),
+            "503": _ok("Not healthy; `problems` says why.", JSON, _ref("Health")),
+        },
+    }
+
+
+def _timing_headers() -> dict[str, Schema]:
+    return {
+        "X-Queue-Time-Ms": _header("Milliseconds the slowest text waited in the queue."),
+        "X-Inference-Time-Ms": _header("Milliseconds of the forward pass that answered it."),
+        "X-Batch-Size": _header("Texts in that forward pass."),
+    }
+
+
+def _fill_mask(settings: Settings, mask_token: str) -> Schema:
+    example = f"Paris is the {mask_token} of France."
+    raw_text = {"schema": {"type": "string", "minLength": 1, "maxLength": settings.max_text_chars}, "example": example}
+    return {
+        "summary": "Fill in the mask tokens of one text or of a list of texts",
+        "description": (
+            "Two forms. The Hugging Face Inference API's JSON (`Content-Type: application/json`), or "
+            "the raw text itself with any other content type (never form-decoded: `curl -d` works). "
+            f"Limits: a body of at most {settings.max_body_bytes} bytes, at most {settings.max_inputs} "
+            f"inputs of at most {settings.max_text_chars} characters each (and the model's token limit), "
+            f"top_k from 1 to {settings.max_top_k}, at most {settings.max_targets} targets."
+        ),
+        "operationId": "fill_mask",
+        "tags": ["inference"],
+        "parameters": [
+            {
+                "name": TIMEOUT_HEADER,
+                "in": "header",
+                "required": False,
+                "description": (
+                    f"Seconds this request may take; shortens (never lengthens) the server's "
+                    f"{settings.request_timeout:g} s. Not a positive number: 400."
+                ),
+                "schema": {"type": "number", "exclusiveMinimum": 0},
+            },
+            {
+                "name": REQUEST_ID_HEADER,
+                "in": "header",
+                "required": False,
+                "description": "An id to find this request in the server's log (kept when it matches the pattern).",
+                "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,64}$"},
+            },
+        ],
+        "requestBody": {
+            "required": True,
+            "content": {
+                JSON: {
+                    "schema": _ref("FillMaskRequest"),
+                    "example": {"inputs": example, "parameters": {"top_k": 3}},
+                },
+                "text/plain": raw_text,
+                "application/x-www-form-urlencoded": raw_text,
+            },
+        },
+        "responses": {
+            "200": _ok("The predictions.", JSON, _ref("FillMaskResponse"), **_timing_headers()),
+            "400": _error("The body is not UTF-8 or not JSON, or a header is unusable."),
+            "413": _error(f"The body is larger than {settings.max_body_bytes} bytes (--max-body-bytes)."),
+            "422": _error("Well-formed but unusable: no mask token, too long, a value out of range, unknown field."),
+            "500": _error("The model failed on this input (its batch neighbours were answered)."),
+            "503": _error("Overloaded or shutting down: refused at the door.", _retry_after()),
+            "504": _error("The deadline passed before the answer was ready."),
+        },
+    }
+
+
+def _demo(settings: Settings) -> Schema:
+    form = {
+        "type": "object",
+        "properties": {
+            "text": {"type": "string", "maxLength": settings.max_text_chars},
+            "top_k": {"type": "string", "description": f"A whole number from 1 to {settings.max_top_k}."},
+        },
+    }
+    page = {"type": "string"}
+    return {
+        "summary": "The demo page's form: the answer (or the error in plain words) as the page",
+        "tags": ["demo"],
+        "requestBody": {"required": True, "content": {"application/x-www-form-urlencoded": {"schema": form}}},
+        "responses": {
+            status: _ok(description, HTML, page)
+            for status, description in (
+                ("200", "The page with the predictions."),
+                ("422", "The page with the problem shown next to the field."),
+                ("500", "The page saying the model failed on this text."),
+                ("503", "The page saying the server is busy or restarting."),
+                ("504", "The page saying the answer was not ready in time."),
+            )
+        }
+        # Raised while reading the form, before the page can render: the API's error shape.
+        | {"413": _error(f"The form is larger than {settings.max_body_bytes} bytes (--max-body-bytes).")},
+    }
+
+
+def openapi_document(settings: Settings, mask_token: str = "[MASK]") -> dict[str, Any]:
+    """The OpenAPI 3.1 document of this server, with ``settings``' limits."""
+    limits = Limits(
+        max_text_chars=settings.max_text_chars,
+        max_inputs=settings.max_inputs,
+        max_top_k=settings.max_top_k,
+        max_targets=settings.max_targets,
+        default_top_k=settings.default_top_k,
+    )
+    not_found = {"404": _error("No such path.")}
+    return {
+        "openapi": OPENAPI_VERSION,
+        "info": {
+            "title": "maskserve",
+            "version": __version__,
+            "description": (
+                "Fill-mask inference over HTTP with dynamic batching and circuit breaking. Every error "
+                'is `{"error": {"kind", "message", "request_id"}}`; a path that matches no route is '
+                "404 and a method a path does not take is 405 with `Allow`, both in that shape."
+            ),
+        },
+        "paths": {
+            "/": {
+                "post": _fill_mask(settings, mask_token),
+                "get": {
+                    "summary": "The demo page; ?text= and ?top_k= fill in the form without running the model",
+                    "tags": ["demo"],
+                    "parameters": [
+                        {"name": "text", "in": "query", "required": False, "schema": {"type": "string"}},
+                        {"name": "top_k", "in": "query", "required": False, "schema": {"type": "string"}},
+                    ],
+                    "responses": {"200": _ok("The page.", HTML, {"type": "string"})},
+                },
+            },
+            "/demo": {
+                "post": _demo(settings),
+                "get": {
+                    "summary": "A reload of the answered page: back to the page itself",
+                    "tags": ["demo"],
+                    "responses": {
+                        "303": {
+                            "description": "Redirect to `/`, the query kept.",
+                            "headers": {"Location": _header("The page's URL.", required=True)},
+                        }
+                    },
+                },
+            },
+            "/static/{filename}": {
+                "get": {
+                    "summary": "The demo page's own CSS and JavaScript",
+                    "tags": ["demo"],
+                    "parameters": [{"name": "filename", "in": "path", "required": True, "schema": {"type": "string"}}],
+                    "responses": {
+                        "200": {
+                            "description": "The file.",
+                            # The JavaScript's type depends on the platform's mimetypes table.
+                            "content": {
+                                kind: {"schema": {"type": "string"}}
+                                for kind in ("text/css", "text/javascript", "application/javascript")
+                            },
+                        },
+                    }
+                    | not_found,
+                }
+            },
+            "/livez": {
+                "get": _probe(
+                    "Liveness: 503 only when a forward pass is stuck or the batch loop died",
+                    "Restart the process when this fails; a busy server is alive.",
+                )
+            },
+            "/readyz": {
+                "get": _probe(
+                    "Readiness: 503 while loading, draining, or when a new request would be refused",
+                    "Send no traffic here while this fails.",
+                )
+            },
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics",
+                    "tags": ["operations"],
+                    "responses": {"200": _ok("The exposition.", PROMETHEUS, {"type": "string"})},
+                }
+            },
+            "/info": {
+                "get": {
+                    "summary": "The served model, the runtime, batching, breaker and limits, versions",
+                    "tags": ["operations"],
+                    "responses": {"200": _ok("What is served and how.", JSON, _ref("Info"))},
+                }
+            },
+            "/openapi.json": {
+                "get": {
+                    "summary": "This document",
+                    "tags": ["operations"],
+                    "responses": {"200": _ok("The OpenAPI document.", JSON, {"type": "object"})},
+                }
+            },
+        },
+        "components": {"schemas": _schemas(limits)},
+    }
+
+
+async def openapi(request: web.Request) -> web.Response:
+    """``GET /openapi.json``: the document, with this server's limits and its model's mask token."""
+    model = request.app.get(MODEL_KEY)
+    document = openapi_document(request.app[SETTINGS_KEY], model.mask_token if model is not None else "[MASK]")
+    return web.json_response(document)

@@ -1,0 +1,239 @@
+"""GET /openapi.json: a valid OpenAPI 3.1 document of every route, with the server's own limits,
+that real responses obey: every documented status is produced and checked against its schema."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+from aiohttp import ClientResponse, web
+from aiohttp.test_utils import TestClient
+from openapi_spec_validator import validate as validate_openapi
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
+
+from maskserve.engine import FillMaskEngine
+from maskserve.keys import BATCHER_KEY, PARSER_KEY
+from maskserve.openapi import openapi_document
+from maskserve.schemas import request_schema
+from maskserve.settings import Settings
+
+from .conftest import ClientFactory
+from .fakes import ControlledModel
+
+Client = TestClient[web.Request, web.Application]
+DOCUMENT_URI = "urn:maskserve:openapi"
+
+
+def media_type(content_type: str) -> str:
+    return content_type.split(";")[0].strip().lower()
+
+
+def pointer(*parts: str) -> str:
+    return "/".join(p.replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def served_routes(app: web.Application) -> set[tuple[str, str]]:
+    """(method, path template) of every route in the router; a static prefix serves files below it."""
+    routes = set()
+    for route in app.router.routes():
+        if route.method == "HEAD":  # aiohttp adds HEAD beside every GET
+            continue
+        resource = route.resource
+        assert resource is not None
+        path = resource.canonical
+        if isinstance(resource, web.StaticResource):
+            path += "/{filename}"
+        routes.add((route.method, path))
+    return routes
+
+
+def documented_routes(document: dict[str, Any]) -> set[tuple[str, str]]:
+    return {(method.upper(), path) for path, item in document["paths"].items() for method in item}
+
+
+@dataclass
+class Conformance:
+    """Checks real responses against the document and remembers which (method, path, status) it saw."""
+
+    document: dict[str, Any]
+    seen: set[tuple[str, str, str]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        resource = Resource.from_contents(self.document, default_specification=DRAFT202012)
+        self.registry: Registry[Any] = Registry().with_resource(DOCUMENT_URI, resource)
+        self.templates = [
+            (re.compile("^" + re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(path)) + "$"), path)
+            for path in self.document["paths"]
+        ]
+
+    def template(self, path: str) -> str:
+        matches = [template for regex, template in self.templates if regex.match(path)]
+        assert len(matches) == 1, f"{path} matches documented paths {matches}"
+        return matches[0]
+
+    def documented(self) -> set[tuple[str, str, str]]:
+        return {
+            (method.upper(), path, status)
+            for path, item in self.document["paths"].items()
+            for method, operation in item.items()
+            for status in operation["responses"]
+        }
+
+    async def check(self, response: ClientResponse, status: int | None = None) -> ClientResponse:
+        """Assert ``response`` is documented: status, content type, required headers, JSON schema."""
+        method, path = response.method, self.template(response.url.path)
+        if status is not None:
+            assert response.status == status, (method, path, response.status, await response.text())
+        where = f"{method} {path} {response.status}"
+        responses = self.document["paths"][path][method.lower()]["responses"]
+        assert str(response.status) in responses, f"{where}: status not documented"
+        spec = responses[str(response.status)]
+        for name, header in spec.get("headers", {}).items():
+            if header.get("required"):
+                assert name in response.headers, f"{where}: header {name} missing"
+        body = await response.read()
+        content = spec.get("content")
+        if not content:
+            assert not body or response.status in (301, 302, 303, 307, 308), f"{where}: undocumented body"
+        else:
+            documented = {media_type(key): key for key in content}
+            actual = media_type(response.headers.get("Content-Type", ""))
+            assert actual in documented, f"{where}: content type {actual} not in {sorted(documented)}"
+            schema = content[documented[actual]].get("schema")
+            if actual == "application/json":
+                ref = DOCUMENT_URI + "#/" + pointer("paths", path, method.lower(), "responses", str(response.status))
+                ref += "/" + pointer("content", documented[actual], "schema")
+                validator = jsonschema.Draft202012Validator({"$ref": ref}, registry=self.registry)
+                errors = sorted(validator.iter_errors(json.loads(body)), key=str)
+                assert not errors, f"{where}: {errors[0].message} at {list(errors[0].absolute_path)}"
+            elif schema is not None and schema.get("type") == "string":
+                body.decode("utf-8")
+        self.seen.add((method, path, str(response.status)))
+        return response
+
+
+async def wait_until_entered(model: ControlledModel) -> None:
+    assert await asyncio.to_thread(model.entered.wait, 5), "the forward pass never started"
+
+
+async def wait_for_depth(client: Client, depth: int) -> None:
+    for _ in range(500):
+        if client.app[BATCHER_KEY].depth >= depth:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the queue never reached {depth} texts")
+
+
+def test_document_is_valid_openapi_3_1() -> None:
+    document = openapi_document(Settings())
+    validate_openapi(document)
+    assert document["openapi"].startswith("3.1")
+    for schema in document["components"]["schemas"].values():
+        jsonschema.Draft202012Validator.check_schema(schema)
+
+
+async def test_every_route_in_the_router_is_documented_and_nothing_else(make_client: ClientFactory) -> None:
+    client = await make_client()
+    document = await (await client.get("/openapi.json")).json()
+    served, documented = served_routes(client.app), documented_routes(document)
+    assert served - documented == set(), "routes missing from /openapi.json"
+    assert documented - served == set(), "documented routes the server does not have"
+
+
+async def test_document_carries_the_servers_own_limits_and_request_schema(make_client: ClientFactory) -> None:
+    client = await make_client(max_inputs=7, max_top_k=9, max_targets=3, max_text_chars=321, max_body_bytes=5000)
+    response = await client.get("/openapi.json")
+    assert response.status == 200
+    document = await response.json()
+    request = document["components"]["schemas"]["FillMaskRequest"]
+    # The very schema the parser validates with.
+    assert request == request_schema(client.app[PARSER_KEY].limits)
+    assert request["properties"]["inputs"]["oneOf"][1]["maxItems"] == 7
+    assert request["properties"]["parameters"]["properties"]["top_k"]["maximum"] == 9
+    assert request["properties"]["parameters"]["properties"]["targets"]["oneOf"][2]["maxItems"] == 3
+    operation = document["paths"]["/"]["post"]
+    assert operation["requestBody"]["content"]["text/plain"]["schema"]["maxLength"] == 321
+    assert "5000 bytes" in operation["responses"]["413"]["description"]
+    # The example names the served model's own mask token.
+    assert "[MASK]" in operation["requestBody"]["content"]["text/plain"]["example"]
+
+
+async def test_every_documented_response_is_produced_and_matches_the_document(
+    make_client: ClientFactory, bert_engine: FillMaskEngine
+) -> None:
+    model = ControlledModel(bert_engine)
+    client = await make_client(engine=model, max_queue=2, stall_timeout=0.2, max_body_bytes=4096)
+    document = await (await client.get("/openapi.json")).json()
+    docs = Conformance(document)
+    paris = "paris is the [MASK] of france."
+
+    # 504 first, while no batch has been measured: the breaker never refuses on a guess.
+    model.hold()
+    busy = asyncio.create_task(client.post("/", data="the [MASK] barked."))
+    await wait_until_entered(model)
+    await docs.check(await client.post("/", data=paris, headers={"X-Request-Timeout": "0.2"}), 504)
+    await docs.check(await client.post("/demo", data={"text": paris}, headers={"X-Request-Timeout": "0.2"}), 504)
+    # A full queue refuses at the door; a pass held past the stall budget fails the probes. (The
+    # timed-out requests may still hold their slots until the loop sweeps them: fill up to the bound.)
+    queued = []
+    while client.app[BATCHER_KEY].depth < 2:
+        queued.append(asyncio.create_task(client.post("/", data="a [MASK] b.")))
+        await wait_for_depth(client, client.app[BATCHER_KEY].depth + 1)
+    await docs.check(await client.post("/", data=paris), 503)
+    await docs.check(await client.post("/demo", data={"text": paris}), 503)
+    await asyncio.sleep(0.3)
+    await docs.check(await client.get("/livez"), 503)
+    await docs.check(await client.get("/readyz"), 503)
+    model.release()
+    for response in await asyncio.gather(busy, *queued):
+        await docs.check(response, 200)
+
+    # POST /: both forms, single and several masks, single and several inputs.
+    await docs.check(await client.post("/", data=paris), 200)
+    await docs.check(await client.post("/", data="the [MASK] sat on the [MASK].", headers={"X-Request-Id": "r-1"}), 200)
+    for body in (
+        {"inputs": paris},
+        {"inputs": [paris, "the [MASK] sat on the [MASK]."], "parameters": {"top_k": 2}},
+        {"inputs": [paris], "parameters": {"targets": ["capital", "city"]}},
+    ):
+        await docs.check(await client.post("/", json=body), 200)
+    json_headers = {"Content-Type": "application/json"}
+    for data, headers in (
+        (b"\xff\xfe [MASK]", {}),
+        (b'{"inputs": ', json_headers),
+        (paris.encode(), {"X-Request-Timeout": "soon"}),
+    ):
+        await docs.check(await client.post("/", data=data, headers=headers), 400)
+    await docs.check(await client.post("/", data=b"x" * 8192), 413)
+    for data, headers in (
+        (b"no mask here", {}),
+        (json.dumps({"inputs": paris, "model": "/etc/passwd"}).encode(), json_headers),
+        (json.dumps({"inputs": paris, "parameters": {"top_k": 0}}).encode(), json_headers),
+    ):
+        await docs.check(await client.post("/", data=data, headers=headers), 422)
+    poisoned = "the [MASK] is poisoned."
+    model.poisoned.add(bert_engine.encode(poisoned))
+    await docs.check(await client.post("/", data=poisoned), 500)
+
+    # The demo page.
+    await docs.check(await client.get("/", params={"text": paris}), 200)
+    await docs.check(await client.post("/demo", data={"text": paris, "top_k": "3"}), 200)
+    await docs.check(await client.post("/demo", data={"text": "no mask"}), 422)
+    await docs.check(await client.post("/demo", data={"text": poisoned}), 500)
+    await docs.check(await client.post("/demo", data={"text": "x" * 8192}), 413)
+    await docs.check(await client.get("/demo", params={"text": paris}, allow_redirects=False), 303)
+    await docs.check(await client.get("/static/demo.css"), 200)
+    await docs.check(await client.get("/static/demo.js"), 200)
+    await docs.check(await client.get("/static/no-such-file.css"), 404)
+
+    # Operations.
+    for path in ("/livez", "/readyz", "/metrics", "/info", "/openapi.json"):
+        await docs.check(await client.get(path), 200)
+
+    missing = docs.documented() - docs.seen
+    assert not missing, f"documented but never produced (the document claims too much): {sorted(missing)}"
