@@ -69,6 +69,18 @@ def test_unservable_models_exit_non_zero_with_a_clear_message(tmp_path: Path) ->
         assert "Traceback" not in stderr, f"{kind}: {stderr}"
 
 
+@pytest.mark.slow
+def test_port_in_use_exits_1_with_a_clear_message() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("--port", str(port), "--torch-threads", "1")
+    assert result.returncode == 1
+    assert "cannot start" in result.stderr and f"127.0.0.1:{port}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_bad_setting_exits_2_naming_flag_and_value() -> None:
     result = run_cli("--port", "http")
     assert result.returncode == 2

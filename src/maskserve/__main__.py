@@ -33,18 +33,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     app = create_app(settings, engine=model)
     log.info("serving %s on http://%s:%d/", model.name, settings.host, settings.port)
-    web.run_app(
-        app,
-        host=settings.host,
-        port=settings.port,
-        # Cancel a handler when its client disconnects, so its queued texts are dropped unrun.
-        handler_cancellation=True,
-        # Handlers finish within the drain budget (see app.drain_on_shutdown); then a margin.
-        shutdown_timeout=settings.drain_timeout + 1.0,
-        access_log_class=AccessLogger,
-        access_log=logging.getLogger("maskserve.access"),
-        print=None,
-    )
+    try:
+        web.run_app(
+            app,
+            host=settings.host,
+            port=settings.port,
+            # Cancel a handler when its client disconnects, so its queued texts are dropped unrun.
+            handler_cancellation=True,
+            # Handlers finish within the drain budget (see app.drain_on_shutdown); then a margin.
+            shutdown_timeout=settings.drain_timeout + 1.0,
+            access_log_class=AccessLogger,
+            access_log=logging.getLogger("maskserve.access"),
+            print=None,
+        )
+    except OSError as exc:
+        # Port taken, address not on this machine, no permission: the operator's to fix, and a
+        # traceback would only hide the one line that says so.
+        log.error("cannot start: cannot listen on %s:%d (%s)", settings.host, settings.port, exc.strerror or exc)
+        return 1
     return 0
 
 
