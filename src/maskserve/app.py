@@ -15,11 +15,18 @@ from aiohttp import web
 from .batcher import Batcher, BatchLimits
 from .breaker import CircuitBreaker
 from .errors import ShuttingDown
-from .keys import BATCH_LOOP_KEY, BATCHER_KEY, BREAKER_KEY, METRICS_KEY, MODEL_KEY, PARSER_KEY, SETTINGS_KEY
+from .keys import (
+    BATCH_LOOP_KEY,
+    BATCHER_KEY,
+    BREAKER_KEY,
+    METRICS_KEY,
+    MIDDLEWARE_CHAIN_KEY,
+    MODEL_KEY,
+    PARSER_KEY,
+    SETTINGS_KEY,
+)
 from .metrics import Metrics
-from .middleware.circuit_breaker import circuit_breaker_middleware
-from .middleware.errors import error_middleware
-from .middleware.metrics import metrics_middleware
+from .middleware.chain import Spec, build_chain
 from .model_api import FillMaskModel
 from .page import security_headers
 from .routes import setup_routes
@@ -27,18 +34,6 @@ from .schemas import Limits, RequestParser
 from .settings import Settings
 
 log = logging.getLogger(__name__)
-
-# The middleware chain, outermost first.
-MIDDLEWARES = (
-    # Outside the error middleware, so it counts and times responses as clients got them; it
-    # only observes and never raises.
-    metrics_middleware,
-    # Around all that can fail, so nothing raised below it reaches a client unsanitized, and every
-    # response (errors included) carries its request id.
-    error_middleware,
-    # Before any handler reads a body: refusing at the door must cost (almost) nothing.
-    circuit_breaker_middleware,
-)
 
 
 def load_model(settings: Settings) -> FillMaskModel:
@@ -123,10 +118,19 @@ async def drain_on_shutdown(app: web.Application) -> None:
         log.warning("drain budget of %.1fs spent; answered %d queued requests 503", settings.drain_timeout, refused)
 
 
-def create_app(settings: Settings, *, engine: FillMaskModel | None = None) -> web.Application:
-    """Build the server. Without ``engine``, the model named in ``settings`` is loaded at start-up."""
-    app = web.Application(middlewares=list(MIDDLEWARES), client_max_size=settings.max_body_bytes)
+def create_app(
+    settings: Settings, *, engine: FillMaskModel | None = None, middlewares: Spec | None = None
+) -> web.Application:
+    """Build the server. Without ``engine``, the model named in ``settings`` is loaded at start-up.
+
+    ``middlewares`` overrides ``settings.middleware`` with the same specification, as a string or
+    a list of names and factories (see :mod:`maskserve.middleware.chain`, where the built-in stages
+    and their order are declared); a bad one raises ``MiddlewareError`` here, before any serving.
+    """
+    chain = build_chain(settings.middleware if middlewares is None else middlewares, settings)
+    app = web.Application(middlewares=list(chain.middlewares), client_max_size=settings.max_body_bytes)
     app[SETTINGS_KEY] = settings
+    app[MIDDLEWARE_CHAIN_KEY] = chain.names
     app[PARSER_KEY] = RequestParser(request_limits(settings))
     app[METRICS_KEY] = Metrics()
     app.cleanup_ctx.append(inference_context(engine))

@@ -8,13 +8,15 @@ serving becomes a fixed :class:`InternalError` and its details go to the log onl
     ├── ClientError                     400 bad_request
     │   ├── InvalidBody                 400 invalid_body        (bad UTF-8, bad JSON)
     │   ├── InvalidHeader               400 invalid_header
+    │   ├── Unauthorized                401 unauthorized        (with WWW-Authenticate: Bearer)
     │   ├── NotFound                    404 not_found
     │   ├── MethodNotAllowed            405 method_not_allowed
     │   ├── PayloadTooLarge             413 payload_too_large
     │   ├── UnsupportedMediaType        415 unsupported_media_type
-    │   └── InvalidInput                422 invalid_input       (well-formed but unusable)
-    │       ├── NoMaskToken             422 no_mask_token
-    │       └── TextTooLong             422 text_too_long
+    │   ├── InvalidInput                422 invalid_input       (well-formed but unusable)
+    │   │   ├── NoMaskToken             422 no_mask_token
+    │   │   └── TextTooLong             422 text_too_long
+    │   └── RateLimited                 429 rate_limited        (with Retry-After)
     ├── ServiceUnavailable              503 unavailable         (always with Retry-After)
     │   ├── Overloaded                  503 overloaded
     │   └── ShuttingDown                503 shutting_down
@@ -25,10 +27,16 @@ serving becomes a fixed :class:`InternalError` and its details go to the log onl
 Why 503 and not 429 for overload: 429 tells *this* client that *it* sent too much. maskserve sheds
 load when the shared queue is full, whoever filled it, so the honest signal is that the service is
 temporarily unavailable, with a computed ``Retry-After`` (RFC 9110 §15.6.4). 429 stays free for
-per-client rate limiting (see ``examples/``), so the two causes never look alike.
+per-client rate limiting (:class:`RateLimited`, raised by the example in ``examples/ratelimit``),
+so the two causes never look alike.
 """
 
 from __future__ import annotations
+
+
+def retry_after_seconds(seconds: float) -> str:
+    """Whole seconds (RFC 9110 delay-seconds), rounded up; at least 1 so clients never retry in a storm."""
+    return str(max(1, int(-(-seconds // 1))))
 
 
 class MaskserveError(Exception):
@@ -63,6 +71,22 @@ class InvalidHeader(ClientError):
     """A header maskserve reads (e.g. ``X-Request-Timeout``) has an unusable value."""
 
     kind = "invalid_header"
+
+
+class Unauthorized(ClientError):
+    """The request lacks a valid ``Authorization: Bearer`` key (``--api-key`` is set)."""
+
+    status = 401
+    kind = "unauthorized"
+
+    def __init__(self, message: str, *, invalid_token: bool = False) -> None:
+        super().__init__(message)
+        self.invalid_token = invalid_token
+
+    def headers(self) -> dict[str, str]:
+        # RFC 6750 §3: a wrong key says so; a missing one only names the scheme.
+        challenge = 'Bearer realm="maskserve"'
+        return {"WWW-Authenticate": challenge + (', error="invalid_token"' if self.invalid_token else "")}
 
 
 class NotFound(ClientError):
@@ -119,6 +143,20 @@ class TextTooLong(InvalidInput):
     kind = "text_too_long"
 
 
+class RateLimited(ClientError):
+    """This client sent more than its share; retrying after ``Retry-After`` may succeed."""
+
+    status = 429
+    kind = "rate_limited"
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": retry_after_seconds(self.retry_after)}
+
+
 class ServiceUnavailable(MaskserveError):
     """The server cannot take this request now; retrying after ``Retry-After`` may succeed."""
 
@@ -130,8 +168,7 @@ class ServiceUnavailable(MaskserveError):
         self.retry_after = retry_after
 
     def headers(self) -> dict[str, str]:
-        # Whole seconds (RFC 9110 delay-seconds); at least 1 so clients never retry in a storm.
-        return {"Retry-After": str(max(1, int(-(-self.retry_after // 1))))}
+        return {"Retry-After": retry_after_seconds(self.retry_after)}
 
 
 class Overloaded(ServiceUnavailable):

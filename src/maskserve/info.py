@@ -12,7 +12,7 @@ import aiohttp
 from aiohttp import web
 
 from . import __version__
-from .keys import MODEL_KEY, SETTINGS_KEY
+from .keys import MIDDLEWARE_CHAIN_KEY, MODEL_KEY, SETTINGS_KEY
 from .model_api import FillMaskModel, describe_model
 from .settings import Settings
 
@@ -38,10 +38,14 @@ def model_section(model: FillMaskModel | None) -> Section | None:
     }
 
 
-def server_info(settings: Settings, model: FillMaskModel | None) -> dict[str, Section | None]:
+def server_info(
+    settings: Settings, model: FillMaskModel | None, middleware: tuple[str, ...] = ()
+) -> dict[str, Section | list[str] | None]:
     description = describe_model(model) if model is not None else {}
     return {
         "model": model_section(model),
+        # The active middleware stages, outermost first (auth and cors only when configured).
+        "middleware": list(middleware),
         "batching": {
             "max_batch_size": settings.max_batch_size,
             "max_batch_tokens": settings.max_batch_tokens,
@@ -73,4 +77,5 @@ def server_info(settings: Settings, model: FillMaskModel | None) -> dict[str, Se
 
 async def info(request: web.Request) -> web.Response:
     """``GET /info``: the served model and the server's configuration, as JSON."""
-    return web.json_response(server_info(request.app[SETTINGS_KEY], request.app.get(MODEL_KEY)))
+    app = request.app
+    return web.json_response(server_info(app[SETTINGS_KEY], app.get(MODEL_KEY), app[MIDDLEWARE_CHAIN_KEY]))

@@ -19,6 +19,8 @@ BATCHER_KEY = web.AppKey("batcher", Batcher)
 PARSER_KEY = web.AppKey("parser", RequestParser)
 BREAKER_KEY = web.AppKey("breaker", CircuitBreaker)
 METRICS_KEY = web.AppKey("metrics", Metrics)
+# The active middleware chain's stage names, outermost first (for /info).
+MIDDLEWARE_CHAIN_KEY: web.AppKey[tuple[str, ...]] = web.AppKey("middleware_chain")
 # The batch loop's task, so /livez can tell when it died.
 BATCH_LOOP_KEY: web.AppKey[asyncio.Task[None]] = web.AppKey("batch_loop")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,6 +115,30 @@ def _optional_str(text: str) -> str | None:
     return text or None
 
 
+# RFC 6750 b64token: what fits in an ``Authorization: Bearer`` header unquoted.
+_BEARER_TOKEN = re.compile(r"[A-Za-z0-9._~+/-]+=*")
+
+
+def _api_keys(text: str) -> str | None:
+    keys = [key.strip() for key in text.split(",") if key.strip()]
+    for key in keys:
+        # Long enough that guessing is hopeless; the error never echoes a key (see _parse).
+        if len(key) < 16 or not _BEARER_TOKEN.fullmatch(key):
+            raise ValueError("each key needs 16 or more of A-Z a-z 0-9 . _ ~ + / - (then optional =)")
+    return ",".join(keys) or None
+
+
+_ORIGIN = re.compile(r"https?://[a-z0-9.-]+(:[0-9]{1,5})?|\*")
+
+
+def _origins(text: str) -> str:
+    origins = [origin.strip().lower() for origin in text.split(",") if origin.strip()]
+    for origin in origins:
+        if not _ORIGIN.fullmatch(origin):
+            raise ValueError(f"{origin!r} is not * or scheme://host[:port] (no path, no trailing slash)")
+    return ",".join(origins)
+
+
 def _setting(default: Any, parse: Callable[[str], Any], help: str, **extra: Any) -> Any:
     return field(default=default, metadata={"parse": parse, "help": help, **extra})
 
@@ -191,6 +216,30 @@ class Settings:
     )
     log_level: str = _setting("info", _choice("debug", "info", "warning", "error"), "Logging level.")
     log_json: bool = _setting(False, _flag, "Log one JSON object per line.", flag_kind="bool")
+    middleware: str = _setting(
+        "default",
+        str,
+        "The middleware chain, outermost first: 'default', then -NAME to remove a stage, +NAME to add "
+        "one at its slot, NAME to append; NAME is a built-in, an entry point or package.module:factory. "
+        "Checked at start-up (see the README's Middleware pipeline).",
+    )
+    # repr=False: the key never shows in a log line or a traceback that prints the settings.
+    api_key: str | None = field(
+        default=None,
+        repr=False,
+        metadata={
+            "parse": _api_keys,
+            "help": "Bearer key(s) every route but health and the demo page then needs; comma-separated "
+            "to roll keys over. Prefer the environment variable: flags show in the process list.",
+            "secret": True,
+        },
+    )
+    cors_origins: str = _setting(
+        "",
+        _origins,
+        "Comma-separated origins (https://app.example.com) whose pages may call this server from a "
+        "browser, or * for any. Empty = CORS off.",
+    )
 
     def resolved_torch_threads(self) -> int:
         return self.torch_threads if self.torch_threads > 0 else available_cpus()
@@ -209,7 +258,8 @@ def _parse(f: dataclasses.Field[Any], raw: str, origin: str) -> Any:
         return f.metadata["parse"](raw)
     except ValueError as exc:
         reason = str(exc) if not str(exc).startswith("invalid literal") else "not a number"
-        raise SettingsError(f"{origin}: invalid value {raw!r} ({reason})") from None
+        shown = "(hidden)" if f.metadata.get("secret") else repr(raw)
+        raise SettingsError(f"{origin}: invalid value {shown} ({reason})") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -245,4 +295,14 @@ def load_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | No
             values[f.name] = _parse(f, given, _flag_name(f.name))
         elif _env_name(f.name) in environ:
             values[f.name] = _parse(f, environ[_env_name(f.name)], _env_name(f.name))
-    return Settings(**values)
+    settings = Settings(**values)
+    # The chain is resolved and built now, before a model loads or a port opens: an unknown stage,
+    # a factory that cannot be imported or an order that breaks an invariant stops start-up.
+    from .middleware.chain import MiddlewareError, build_chain
+
+    try:
+        build_chain(settings.middleware, settings)
+    except MiddlewareError as exc:
+        origin = _flag_name("middleware") if args.middleware is not None else _env_name("middleware")
+        raise SettingsError(f"{origin}: {exc}") from None
+    return settings

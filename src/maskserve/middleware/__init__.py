@@ -1,1 +1,1 @@
-"""Request middlewares, one per file; the chain and its order live in :mod:`maskserve.app`."""
+"""Request middlewares, one per file; the chain, its stages and their order live in :mod:`.chain`."""
