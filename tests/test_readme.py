@@ -1,6 +1,6 @@
 """The README's tables are generated from the code and must stay in step with it.
 
-Regenerate them with ``python -m tests.test_readme`` and paste each between its markers.
+Rewrite them in place with ``python -m tests.test_readme`` (only the text between the markers).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ def _cell(text: str) -> str:
 def _default(value: object) -> str:
     if value is None:
         return "none"
+    if value == "":
+        return '""'
     if isinstance(value, bool):
         return "false" if not value else "true"
     return str(value)
@@ -76,11 +78,11 @@ def test_every_setting_flag_is_in_the_configuration_table() -> None:
 
 
 def test_configuration_table_matches_the_settings() -> None:
-    assert between("settings-table") == settings_table(), "regenerate: python -m tests.test_readme"
+    assert between("settings-table") == settings_table(), "rewrite them: python -m tests.test_readme"
 
 
 def test_error_kinds_table_matches_the_error_tree() -> None:
-    assert between("error-kinds") == error_table(), "regenerate: python -m tests.test_readme"
+    assert between("error-kinds") == error_table(), "rewrite them: python -m tests.test_readme"
 
 
 def test_every_error_kind_is_distinct() -> None:
@@ -94,10 +96,15 @@ def test_api_section_documents_every_header() -> None:
         assert header in api
 
 
+def write_tables() -> None:
+    """Replace the generated blocks of README.md, leaving every other line as it is."""
+    text = README.read_text(encoding="utf-8")
+    for marker, table in (("settings-table", settings_table()), ("error-kinds", error_table())):
+        block = re.compile(rf"(<!-- {marker} -->\n).*?(\n<!-- /{marker} -->)", re.S)
+        assert block.search(text), f"README.md lacks the <!-- {marker} --> block"
+        text = block.sub(lambda m, t=table: m.group(1) + t + m.group(2), text, count=1)
+    README.write_text(text, encoding="utf-8")
+
+
 if __name__ == "__main__":
-    print("<!-- settings-table -->")
-    print(settings_table())
-    print("<!-- /settings-table -->\n")
-    print("<!-- error-kinds -->")
-    print(error_table())
-    print("<!-- /error-kinds -->")
+    write_tables()
