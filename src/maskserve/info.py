@@ -42,8 +42,11 @@ def server_info(
     settings: Settings, model: FillMaskModel | None, middleware: tuple[str, ...] = ()
 ) -> dict[str, Section | list[str] | None]:
     description = describe_model(model) if model is not None else {}
+    served = model_section(model)
+    if served is not None:
+        served["quantize"] = settings.quantize
     return {
-        "model": model_section(model),
+        "model": served,
         # The active middleware stages, outermost first (auth and cors only when configured).
         "middleware": list(middleware),
         "batching": {
