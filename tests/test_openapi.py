@@ -37,8 +37,8 @@ def pointer(*parts: str) -> str:
     return "/".join(p.replace("~", "~0").replace("/", "~1") for p in parts)
 
 
-def served_routes(app: web.Application) -> set[tuple[str, str]]:
-    """(method, path template) of every route in the router; a static prefix serves files below it."""
+def served_routes(app: web.Application) -> set[tuple[str, str, str | None]]:
+    """(method, path template, name) of every route in the router; a static prefix serves files below it."""
     routes = set()
     for route in app.router.routes():
         if route.method == "HEAD":  # aiohttp adds HEAD beside every GET
@@ -48,12 +48,16 @@ def served_routes(app: web.Application) -> set[tuple[str, str]]:
         path = resource.canonical
         if isinstance(resource, web.StaticResource):
             path += "/{filename}"
-        routes.add((route.method, path))
+        routes.add((route.method, path, resource.name))
     return routes
 
 
-def documented_routes(document: dict[str, Any]) -> set[tuple[str, str]]:
-    return {(method.upper(), path) for path, item in document["paths"].items() for method in item}
+def documented_routes(document: dict[str, Any]) -> set[tuple[str, str, str | None]]:
+    return {
+        (method.upper(), path, operation["operationId"])
+        for path, item in document["paths"].items()
+        for method, operation in item.items()
+    }
 
 
 @dataclass
@@ -143,6 +147,26 @@ async def test_every_route_in_the_router_is_documented_and_nothing_else(make_cli
     served, documented = served_routes(client.app), documented_routes(document)
     assert served - documented == set(), "routes missing from /openapi.json"
     assert documented - served == set(), "documented routes the server does not have"
+
+
+async def test_with_an_api_key_protected_operations_document_and_answer_401(make_client: ClientFactory) -> None:
+    client = await make_client(api_key="s3cret")
+    response = await client.get("/openapi.json", headers={"Authorization": "Bearer s3cret"})
+    document = await response.json()
+    validate_openapi(document)
+    docs = Conformance(document)
+    protected = 0
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            url = path.replace("{filename}", "demo.css")
+            response = await client.request(method, url, allow_redirects=False)
+            if "security" in operation:
+                protected += 1
+                await docs.check(response, 401)
+            else:
+                await docs.check(response)
+                assert response.status != 401, (method, path)
+    assert protected >= 4  # POST /, POST /demo, /metrics, /info, /openapi.json
 
 
 async def test_document_carries_the_servers_own_limits_and_request_schema(make_client: ClientFactory) -> None:

@@ -16,6 +16,7 @@ from . import __version__
 from .deadlines import TIMEOUT_HEADER
 from .errors import MaskserveError
 from .keys import MODEL_KEY, SETTINGS_KEY
+from .middleware.auth import OPEN_ROUTES
 from .middleware.errors import REQUEST_ID_HEADER
 from .schemas import Limits, request_schema
 from .settings import Settings
@@ -27,6 +28,21 @@ HTML = "text/html"
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 
 Schema = dict[str, Any]
+
+# Each documented operation's route name in routes.py: its operationId, and how the auth stage
+# knows it (``OPEN_ROUTES``).
+ROUTE_NAMES = {
+    ("post", "/"): "fill_mask",
+    ("get", "/"): "index",
+    ("post", "/demo"): "demo",
+    ("get", "/demo"): "demo_redirect",
+    ("get", "/static/{filename}"): "static",
+    ("get", "/livez"): "livez",
+    ("get", "/readyz"): "readyz",
+    ("get", "/metrics"): "metrics",
+    ("get", "/info"): "info",
+    ("get", "/openapi.json"): "openapi",
+}
 
 
 def _ref(name: str) -> Schema:
@@ -170,7 +186,7 @@ def _timing_headers() -> dict[str, Schema]:
     }
 
 
-def _fill_mask(settings: Settings, mask_token: str) -> Schema:
+def _fill_mask(settings: Settings, limits: Limits, mask_token: str) -> Schema:
     example = f"Paris is the {mask_token} of France."
     raw_text = {"schema": {"type": "string", "minLength": 1, "maxLength": settings.max_text_chars}, "example": example}
     return {
@@ -180,9 +196,9 @@ def _fill_mask(settings: Settings, mask_token: str) -> Schema:
             "the raw text itself with any other content type (never form-decoded: `curl -d` works). "
             f"Limits: a body of at most {settings.max_body_bytes} bytes, at most {settings.max_inputs} "
             f"inputs of at most {settings.max_text_chars} characters each (and the model's token limit), "
-            f"top_k from 1 to {settings.max_top_k}, at most {settings.max_targets} targets."
+            f"top_k from 1 to {settings.max_top_k}, at most {settings.max_targets} targets, JSON nested at "
+            f"most {limits.max_json_depth} levels."
         ),
-        "operationId": "fill_mask",
         "tags": ["inference"],
         "parameters": [
             {
@@ -264,7 +280,7 @@ def openapi_document(settings: Settings, mask_token: str = "[MASK]") -> dict[str
         default_top_k=settings.default_top_k,
     )
     not_found = {"404": _error("No such path.")}
-    return {
+    document: dict[str, Any] = {
         "openapi": OPENAPI_VERSION,
         "info": {
             "title": "maskserve",
@@ -277,7 +293,7 @@ def openapi_document(settings: Settings, mask_token: str = "[MASK]") -> dict[str
         },
         "paths": {
             "/": {
-                "post": _fill_mask(settings, mask_token),
+                "post": _fill_mask(settings, limits, mask_token),
                 "get": {
                     "summary": "The demo page; ?text= and ?top_k= fill in the form without running the model",
                     "tags": ["demo"],
@@ -355,6 +371,20 @@ def openapi_document(settings: Settings, mask_token: str = "[MASK]") -> dict[str
         },
         "components": {"schemas": _schemas(limits)},
     }
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            operation["operationId"] = ROUTE_NAMES[method, path]
+            if settings.api_key and operation["operationId"] not in OPEN_ROUTES:
+                operation["security"] = [{"bearer": []}]
+                operation["responses"]["401"] = _error(
+                    "No valid key: send `Authorization: Bearer <key>`.",
+                    ("WWW-Authenticate", _header("The Bearer challenge (RFC 6750).", required=True)),
+                )
+    if settings.api_key:
+        document["components"]["securitySchemes"] = {
+            "bearer": {"type": "http", "scheme": "bearer", "description": "One of the keys of --api-key."}
+        }
+    return document
 
 
 async def openapi(request: web.Request) -> web.Response:
