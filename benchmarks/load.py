@@ -105,11 +105,11 @@ async def run_load(
 
     async def client(session: aiohttp.ClientSession, stop_at: float) -> None:
         while True:
-            if loop.time() >= stop_at:
-                result.capped = True
-                return
             i = next(counter)
             if i >= requests:
+                return
+            if loop.time() >= stop_at:
+                result.capped = True  # requests were left unsent
                 return
             k = i % len(sentences)
             result.sent += 1

@@ -17,7 +17,6 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
 
 PROBE = "paris is the [MASK] of france."
 
@@ -114,7 +113,7 @@ class Server:
         self.start()
         return self
 
-    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
 
