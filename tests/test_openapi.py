@@ -250,6 +250,8 @@ async def test_every_documented_response_is_produced_and_matches_the_document(
     await docs.check(await client.post("/demo", data={"text": "no mask"}), 422)
     await docs.check(await client.post("/demo", data={"text": poisoned}), 500)
     await docs.check(await client.post("/demo", data={"text": "x" * 8192}), 413)
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    await docs.check(await client.post("/demo", data=b"text=caf\xe9+[MASK]", headers=form), 400)
     await docs.check(await client.get("/demo", params={"text": paris}, allow_redirects=False), 303)
     await docs.check(await client.get("/static/demo.css"), 200)
     await docs.check(await client.get("/static/demo.js"), 200)

@@ -266,7 +266,10 @@ def _demo(settings: Settings) -> Schema:
             )
         }
         # Raised while reading the form, before the page can render: the API's error shape.
-        | {"413": _error(f"The form is larger than {settings.max_body_bytes} bytes (--max-body-bytes).")},
+        | {
+            "400": _error("The form cannot be read (not UTF-8, a broken multipart body)."),
+            "413": _error(f"The form is larger than {settings.max_body_bytes} bytes (--max-body-bytes)."),
+        },
     }
 
 

@@ -30,6 +30,7 @@ from .batcher import Answer
 from .deadlines import request_deadline
 from .errors import (
     DeadlineExceeded,
+    InvalidBody,
     InvalidInput,
     MaskserveError,
     NoMaskToken,
@@ -282,7 +283,10 @@ async def demo(request: web.Request) -> web.Response:
     """``POST /demo``: the form's answer, through the API's breaker, parser, queue and deadline."""
     # The form is read before the deadline and the breaker, unlike the API: a refusal must still
     # show the typed text in the box, and a form is at most --max-body-bytes.
-    form = await request.post()
+    try:
+        form = await request.post()
+    except ValueError:  # UnicodeDecodeError included: a form that is not UTF-8, a broken multipart
+        raise InvalidBody("the form cannot be read: send it as UTF-8 application/x-www-form-urlencoded") from None
     text, top_k = form.get("text", ""), form.get("top_k", "")
     text = text if isinstance(text, str) else ""
     top_k = top_k if isinstance(top_k, str) else ""

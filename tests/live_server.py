@@ -1,0 +1,47 @@
+"""The real app on a real loopback port, served from its own event loop in a thread.
+
+For synchronous clients (hypothesis examples, schemathesis' requests calls) that cannot share the
+test's event loop. Same factory and the same handler cancellation as ``python -m maskserve``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from aiohttp import web
+
+
+@contextmanager
+def serve_in_thread(app: web.Application) -> Iterator[str]:
+    """Serve ``app`` on 127.0.0.1 and yield its base URL; stop it (cleanup included) on exit."""
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    started = threading.Event()
+    port: list[int] = []
+
+    async def start() -> None:
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port.append(runner.addresses[0][1])
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(start())
+        started.set()
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+    thread = threading.Thread(target=run, name="maskserve-live-server", daemon=True)
+    thread.start()
+    if not started.wait(60):
+        raise RuntimeError("the live server did not start")
+    try:
+        yield f"http://127.0.0.1:{port[0]}"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(60)
