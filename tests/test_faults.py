@@ -1,0 +1,135 @@
+"""Fault injection through HTTP: a poisoned input, a model that fails everything, a forward pass
+that hangs, a model that cannot load. The server answers cleanly, stays up, and recovers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+from maskserve.engine import FillMaskEngine
+from maskserve.keys import BATCHER_KEY
+
+from .conftest import ClientFactory
+from .fakes import ControlledModel
+
+LEAKS = ("Traceback", "RuntimeError", "injected fault", 'File "', ".py")
+
+
+async def wait_until_entered(model: ControlledModel) -> None:
+    assert await asyncio.to_thread(model.entered.wait, 5), "the forward pass never started"
+
+
+def assert_clean_500(body: dict[str, dict[str, str]]) -> None:
+    assert body["error"]["kind"] == "inference_failed"
+    assert set(body["error"]) == {"kind", "message", "request_id"}
+    for leak in LEAKS:
+        assert leak not in body["error"]["message"]
+
+
+async def test_a_poisoned_input_fails_alone_and_its_batch_neighbours_are_answered(
+    make_client: ClientFactory, bert_engine: FillMaskEngine
+) -> None:
+    model = ControlledModel(bert_engine)
+    client = await make_client(engine=model)
+    poisoned = "the [MASK] is poisoned."
+    model.poisoned.add(bert_engine.encode(poisoned))
+    texts = [f"text {i} is a [MASK]." for i in range(7)]
+    # Hold the model so all eight queue together and share a batch with the poisoned one.
+    model.hold()
+    first = asyncio.create_task(client.post("/", data="warm [MASK]."))
+    await wait_until_entered(model)
+    requests = [asyncio.create_task(client.post("/", data=text)) for text in [*texts[:3], poisoned, *texts[3:]]]
+    while client.app[BATCHER_KEY].depth < 8:
+        await asyncio.sleep(0.01)
+    model.release()
+    responses = await asyncio.gather(first, *requests)
+    statuses = [r.status for r in responses]
+    assert statuses == [200] * 4 + [500] + [200] * 4
+    assert_clean_500(await responses[4].json())
+    assert any(len(batch) == 8 for batch in model.batches), "the eight never shared a batch"
+
+
+async def test_a_model_failing_every_input_answers_500_to_all_and_recovers_when_the_fault_stops(
+    make_client: ClientFactory, bert_engine: FillMaskEngine
+) -> None:
+    model = ControlledModel(bert_engine)
+    client = await make_client(engine=model)
+    model.fail_all = True
+    responses = await asyncio.gather(*(client.post("/", data=f"fault {i} [MASK].") for i in range(12)))
+    assert [r.status for r in responses] == [500] * 12
+    for response in responses:
+        assert_clean_500(await response.json())
+    # Still up and honest: alive (no stuck pass), ready (nothing queued).
+    assert (await client.get("/livez")).status == 200
+    assert (await client.get("/readyz")).status == 200
+    model.fail_all = False
+    responses = await asyncio.gather(*(client.post("/", data=f"fine {i} [MASK].") for i in range(12)))
+    assert [r.status for r in responses] == [200] * 12
+
+
+async def test_a_hung_forward_pass_answers_504_fails_the_probes_and_recovers_when_it_returns(
+    make_client: ClientFactory,
+) -> None:
+    model = ControlledModel()
+    client = await make_client(engine=model, stall_timeout=0.3, max_queue=8)
+    model.hold()
+    try:
+        hung = asyncio.create_task(client.post("/", data="hung [MASK]", headers={"X-Request-Timeout": "1"}))
+        await wait_until_entered(model)
+        # Requests behind the hung pass get their 504 at their deadline, while it still hangs.
+        waiting = await asyncio.gather(
+            *(client.post("/", data=f"w{i} [MASK]", headers={"X-Request-Timeout": "0.3"}) for i in range(4))
+        )
+        assert [r.status for r in waiting] == [504] * 4
+        assert (await waiting[0].json())["error"]["kind"] == "timeout"
+        assert (await hung).status == 504
+        await asyncio.sleep(0.3)  # past the stall budget
+        live, ready = await client.get("/livez"), await client.get("/readyz")
+        assert (live.status, ready.status) == (503, 503)
+        assert [p["code"] for p in (await live.json())["problems"]] == ["stalled"]
+    finally:
+        model.release()
+    # The pass returned: the server heals by itself, no restart needed.
+    for _ in range(200):
+        if (await client.get("/livez")).status == 200:
+            break
+        await asyncio.sleep(0.02)
+    assert (await client.get("/livez")).status == 200
+    assert (await client.get("/readyz")).status == 200
+    assert (await client.post("/", data="after [MASK]")).status == 200
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_a_model_that_cannot_load_exits_non_zero_clearly_and_never_listens() -> None:
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "maskserve", "--model", "/nonexistent/model", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    try:
+        out, err = server.communicate(timeout=120)
+    finally:
+        if server.poll() is None:
+            server.send_signal(signal.SIGKILL)
+            server.wait()
+    assert server.returncode == 1
+    output = out + err
+    assert "/nonexistent/model" in output and "cannot start" in output
+    assert "Traceback" not in output
+    # Nothing half-started: the port was never bound.
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", port)) != 0
