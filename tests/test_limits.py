@@ -1,0 +1,150 @@
+"""Every request limit answers a clear 4xx naming the problem; no request reaches a file or a model path."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import pytest
+from aiohttp import ClientResponse
+
+from .conftest import ClientFactory
+from .fakes import ControlledModel, EchoModel
+
+OK = "paris is the [MASK] of france."
+
+
+async def error_of(response: ClientResponse, status: int) -> dict[str, str]:
+    assert response.status == status, await response.text()
+    body: dict[str, Any] = await response.json()
+    assert set(body["error"]) == {"kind", "message", "request_id"}
+    error: dict[str, str] = body["error"]
+    return error
+
+
+async def test_a_body_over_max_body_bytes_is_413(make_client: ClientFactory) -> None:
+    client = await make_client(engine=EchoModel(), max_body_bytes=1000)
+    error = await error_of(await client.post("/", data=b"a [MASK] " * 200), 413)
+    assert error["kind"] == "payload_too_large"
+    assert (await client.post("/", data=b"a [MASK] " * 100)).status == 200
+
+
+async def test_a_text_over_max_text_chars_is_422_text_too_long(make_client: ClientFactory) -> None:
+    client = await make_client(engine=EchoModel(), max_text_chars=50)
+    error = await error_of(await client.post("/", data="[MASK] " + "x" * 60), 422)
+    assert error["kind"] == "text_too_long"
+    assert "the limit is 50" in error["message"]
+
+
+async def test_a_text_over_the_models_token_limit_is_422_text_too_long(make_client: ClientFactory) -> None:
+    client = await make_client()  # tiny BERT: its own max_tokens, well under max_text_chars
+    error = await error_of(await client.post("/", data="[MASK] " + "word " * 1500), 422)
+    assert error["kind"] == "text_too_long" and "tokens" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ({"inputs": [OK] * 5}, "inputs holds more than 4 items"),
+        ({"inputs": OK, "parameters": {"targets": ["a", "b", "c", "d"]}}, "parameters.targets holds more than 3 items"),
+        ({"inputs": OK, "parameters": {"top_k": 11}}, "parameters.top_k must be between 1 and 10"),
+        ({"inputs": OK, "parameters": {"top_k": 0}}, "parameters.top_k must be between 1 and 10"),
+        ({"inputs": OK, "parameters": {"top_k": 10**4000}}, "parameters.top_k must be between 1 and 10"),
+        ({"inputs": []}, "inputs must not be empty"),
+    ],
+)
+async def test_counts_and_ranges_over_their_limit_are_422_naming_the_field(
+    make_client: ClientFactory, body: dict[str, Any], named: str
+) -> None:
+    client = await make_client(engine=EchoModel(), max_inputs=4, max_targets=3, max_top_k=10)
+    error = await error_of(await client.post("/", json=body), 422)
+    assert error["kind"] == "invalid_input"
+    assert named in error["message"]
+
+
+async def test_lists_at_their_limits_are_accepted(make_client: ClientFactory) -> None:
+    client = await make_client(engine=EchoModel(), max_inputs=4, max_targets=3, max_top_k=10)
+    body = {"inputs": [OK] * 4, "parameters": {"top_k": 10, "targets": ["a", "bb", "ccc"]}}
+    assert (await client.post("/", json=body)).status == 200
+
+
+@pytest.mark.parametrize("depth", [33, 100, 990, 100_000])
+async def test_json_nested_past_32_levels_is_400_at_any_depth(make_client: ClientFactory, depth: int) -> None:
+    client = await make_client(engine=EchoModel())
+    body = '{"inputs": "a [MASK]", "options": ' + "[" * depth + "]" * depth + "}"
+    error = await error_of(await client.post("/", data=body, headers={"Content-Type": "application/json"}), 400)
+    assert error["kind"] == "invalid_body" and "nested too deeply" in error["message"]
+
+
+async def test_an_integer_past_pythons_digit_limit_is_400_not_a_crash(make_client: ClientFactory) -> None:
+    client = await make_client(engine=EchoModel())
+    body = '{"inputs": "a [MASK]", "parameters": {"top_k": ' + "9" * 5000 + "}}"
+    error = await error_of(await client.post("/", data=body, headers={"Content-Type": "application/json"}), 400)
+    assert error["kind"] == "invalid_body"
+
+
+async def test_a_huge_list_is_refused_without_validating_every_item(make_client: ClientFactory) -> None:
+    # 300,000 items: schema validation of each used to hold the event loop for seconds.
+    client = await make_client(engine=EchoModel(), max_body_bytes=2_000_000)
+    body = json.dumps({"inputs": [1] * 300_000})
+    response = await client.post("/", data=io.BytesIO(body.encode()), headers={"Content-Type": "application/json"})
+    error = await error_of(response, 422)
+    assert error["message"] == "inputs holds more than 64 items"
+
+
+async def test_a_hundred_thousand_unknown_fields_are_named_three_at_most(make_client: ClientFactory) -> None:
+    client = await make_client(engine=EchoModel(), max_body_bytes=4_000_000)
+    body = json.dumps({"inputs": OK, **{f"field{i}": 1 for i in range(100_000)}})
+    # A large body as a stream, as aiohttp's client asks.
+    response = await client.post("/", data=io.BytesIO(body.encode()), headers={"Content-Type": "application/json"})
+    error = await error_of(response, 422)
+    assert error["message"] == 'body: unknown fields "field0", "field1", "field2" and 99997 more'
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"model": "/etc/passwd"}, {"model_path": "../../etc/passwd"}, {"file": "/etc/shadow"}, {"revision": "main"}],
+)
+async def test_no_request_can_name_a_model_or_a_file(make_client: ClientFactory, extra: dict[str, str]) -> None:
+    model = ControlledModel()
+    client = await make_client(engine=model)
+    error = await error_of(await client.post("/", json={"inputs": OK, **extra}), 422)
+    assert error["kind"] == "invalid_input"
+    (name,) = extra
+    assert f'unknown field "{name}"' in error["message"]
+    assert model.batches == []  # refused before anything was queued
+    for key in ("parameters", "options"):
+        response = await client.post("/", json={"inputs": OK, key: extra})
+        assert response.status in (200, 422)
+        assert "root:" not in await response.text()
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/static/../setup.cfg",
+        "/static/%2e%2e/%2e%2e/etc/passwd",
+        "/static/..%2f..%2fsetup.cfg",
+        "/static/%2fetc%2fpasswd",
+        "/static//etc/passwd",
+        "/static/no-such-file.css",
+        "/../../etc/passwd",
+        "/%2e%2e/%2e%2e/etc/passwd",
+        "/templates/index.html",
+        "/maskserve/app.py",
+    ],
+)
+async def test_path_traversal_and_unknown_files_are_404_in_the_error_shape(
+    make_client: ClientFactory, path: str
+) -> None:
+    client = await make_client(engine=EchoModel())
+    response = await client.get(path)
+    error = await error_of(response, 404)
+    assert error["kind"] == "not_found"
+    assert error["request_id"] == response.headers["X-Request-Id"]
+
+
+async def test_the_static_files_that_exist_are_served(make_client: ClientFactory) -> None:
+    client = await make_client(engine=EchoModel())
+    assert (await client.get("/static/demo.css")).status == 200
