@@ -215,8 +215,12 @@ def _fill_mask(settings: Settings, limits: Limits, mask_token: str) -> Schema:
                 "name": REQUEST_ID_HEADER,
                 "in": "header",
                 "required": False,
-                "description": "An id to find this request in the server's log (kept when it matches the pattern).",
-                "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,64}$"},
+                # Any value is accepted (never a 400): one that is not short and plain is replaced.
+                "description": (
+                    "An id to find this request in the server's log: kept when it matches "
+                    "`^[A-Za-z0-9._:-]{1,64}$`, else replaced by a fresh one."
+                ),
+                "schema": {"type": "string"},
             },
         ],
         "requestBody": {
