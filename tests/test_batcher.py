@@ -274,3 +274,22 @@ async def test_predicted_wait_grows_with_the_queue() -> None:
         assert batcher.predicted_wait() > empty
         model.release()
         await asyncio.gather(first, *tasks)
+
+
+async def test_slots_of_abandoned_requests_are_freed_while_a_pass_hangs() -> None:
+    model = ControlledModel()
+    model.hold()
+    async with running(model, max_queue=3) as batcher:
+        first = asyncio.create_task(batcher.answer([query("a [MASK]")], later(30)))
+        await wait_until_entered(model)
+        gone = [asyncio.create_task(batcher.answer([query("gone [MASK]")], later(30))) for _ in range(3)]
+        await asyncio.sleep(0)
+        assert batcher.is_full()
+        for task in gone:
+            task.cancel()
+        await asyncio.gather(*gone, return_exceptions=True)
+        # The pass is still held, yet the cancelled texts no longer count against the bound.
+        assert not batcher.is_full()
+        assert batcher.drops.abandoned == 3
+        model.release()
+        await first

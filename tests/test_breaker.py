@@ -9,7 +9,7 @@ import pytest
 
 from maskserve.batcher import Batcher, BatchLimits, BatchReport
 from maskserve.breaker import CircuitBreaker
-from maskserve.errors import Overloaded, ShuttingDown
+from maskserve.errors import DeadlineExceeded, Overloaded, ShuttingDown
 from maskserve.model_api import Query
 
 from .fakes import EchoModel
@@ -69,3 +69,10 @@ async def test_closed_batcher_is_refused_as_shutting_down() -> None:
     with pytest.raises(ShuttingDown):
         breaker.check(time_left=10.0)
     assert breaker.refused["shutting_down"] == 1
+
+
+async def test_request_already_past_its_deadline_at_the_door_answers_504_not_503() -> None:
+    breaker = CircuitBreaker(make_batcher())
+    with pytest.raises(DeadlineExceeded):
+        breaker.check(time_left=-0.0)
+    assert not breaker.refused

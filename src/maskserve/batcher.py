@@ -194,6 +194,10 @@ class Batcher:
         return 0.0 if in_flight is None else time.monotonic() - in_flight.started
 
     def is_full(self, extra: int = 1) -> bool:
+        if self.depth + extra > self.limits.max_queue:
+            # Texts whose clients left or timed out hold their slots until the next batch is
+            # formed, which a hung forward pass delays: free them before refusing anyone.
+            self._discard_done()
         return self.depth + extra > self.limits.max_queue
 
     def predicted_wait(self, extra_texts: int = 0, extra_tokens: int = 0) -> float:
@@ -322,16 +326,31 @@ class Batcher:
             item = self._queue[0]
             if item.future.done():
                 self._pop()
-                if now >= item.deadline:
-                    self.drops.expired += 1
-                else:
-                    self.drops.abandoned += 1
+                self._count_drop(item, now)
             elif now + self.cost.predict(item.n_tokens) >= item.deadline:
                 self._pop()
                 self.drops.expired += 1
                 item.future.set_exception(DeadlineExceeded("the request could not finish within its deadline"))
             else:
                 return
+
+    def _count_drop(self, item: WorkItem, now: float) -> None:
+        if now >= item.deadline:
+            self.drops.expired += 1
+        else:
+            self.drops.abandoned += 1
+
+    def _discard_done(self) -> None:
+        """Remove every item whose future is done, wherever it waits (O(queue), so only when full)."""
+        now = asyncio.get_running_loop().time()
+        live: deque[WorkItem] = deque()
+        for item in self._queue:
+            if item.future.done():
+                self._queued_tokens -= item.n_tokens
+                self._count_drop(item, now)
+            else:
+                live.append(item)
+        self._queue = live
 
     def _take_batch(self, now: float) -> list[WorkItem]:
         """Choose the next batch: packed by length, always holding the oldest live item."""

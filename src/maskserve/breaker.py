@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 
 from .batcher import Batcher
-from .errors import Overloaded, ServiceUnavailable, ShuttingDown
+from .errors import DeadlineExceeded, MaskserveError, Overloaded, ShuttingDown
 
 
 class CircuitBreaker:
@@ -22,13 +22,17 @@ class CircuitBreaker:
         self.refused: Counter[str] = Counter()
 
     def check(self, time_left: float) -> None:
-        """Raise a 503 error if a request with ``time_left`` seconds should not come in now."""
+        """Raise 503 if a request with ``time_left`` seconds should not come in now (504 if already late)."""
         error = self._refusal(time_left)
         if error is not None:
             raise error
 
-    def _refusal(self, time_left: float) -> ServiceUnavailable | None:
+    def _refusal(self, time_left: float) -> MaskserveError | None:
         batcher = self.batcher
+        if time_left <= 0:
+            # Already late at the door (a tiny X-Request-Timeout): retrying cannot help, so this
+            # is the request's own timeout, not a 503 with Retry-After.
+            return DeadlineExceeded("the request's deadline passed before it could be queued")
         if batcher.closed:
             self.refused["shutting_down"] += 1
             return ShuttingDown("the server is shutting down and accepts no new work", retry_after=1.0)
