@@ -156,8 +156,10 @@ def test_negative_torch_threads_are_refused() -> None:
         load_settings(["--torch-threads", "-2"], env={})
 
 
-def test_torch_threads_default_to_one_less_than_the_cpus_this_process_may_use() -> None:
-    assert Settings().resolved_torch_threads() == max(1, available_cpus() - 1)
+def test_torch_threads_default_to_the_cpus_this_process_may_use_adaptively() -> None:
+    assert Settings().resolved_torch_threads() == available_cpus()
+    assert Settings().adaptive_torch_threads
+    assert not Settings(torch_threads=3).adaptive_torch_threads
     assert 1 <= available_cpus() <= len(os.sched_getaffinity(0))
     assert Settings(torch_threads=3).resolved_torch_threads() == 3
 

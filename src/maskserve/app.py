@@ -45,6 +45,7 @@ def load_model(settings: Settings) -> FillMaskModel:
         device=settings.device,
         dtype=settings.dtype,
         threads=settings.resolved_torch_threads(),
+        adaptive_threads=settings.adaptive_torch_threads,
         quantize=settings.quantize,
     )
 

@@ -169,9 +169,9 @@ class Settings:
     torch_threads: int = _setting(
         0,
         _non_negative_int,
-        "torch intra-op threads; 0 = one less than the CPUs this process may use (affinity and "
-        "cgroup aware), at least 1: the event loop and tokenizer keep a core. Threads that must "
-        "share a busy core make every forward pass many times slower.",
+        "torch intra-op threads. 0 = auto: the CPUs this process may use (affinity and cgroup "
+        "aware) for batches big enough to gain from them, one thread for small ones, whose "
+        "threads would otherwise spin for cores the event loop needs. N = always N.",
     )
     max_batch_size: int = _setting(
         32, _positive_int, "Most texts in one forward pass. Larger batches raise throughput and latency."
@@ -243,12 +243,13 @@ class Settings:
     )
 
     def resolved_torch_threads(self) -> int:
-        """``--torch-threads``, or the CPUs we may use less one for the event loop (TEI does the same).
+        """The most torch threads a forward pass may use: ``--torch-threads``, or every usable CPU."""
+        return self.torch_threads if self.torch_threads > 0 else available_cpus()
 
-        Measured here on 2 cores, with one other busy process: a small model's forward pass took
-        6 ms on 1 thread and 36-180 ms on 2, because torch's threads spin waiting for each other.
-        """
-        return self.torch_threads if self.torch_threads > 0 else max(1, available_cpus() - 1)
+    @property
+    def adaptive_torch_threads(self) -> bool:
+        """Whether small batches run on one thread (``--torch-threads 0``, see engine.ThreadPolicy)."""
+        return self.torch_threads == 0
 
 
 def _flag_name(name: str) -> str:
