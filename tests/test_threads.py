@@ -4,14 +4,25 @@ from __future__ import annotations
 
 import torch
 
-from maskserve.engine import PARALLEL_MIN_FLOPS, FillMaskEngine, ThreadPolicy, encoder_flops_per_token
+from maskserve.engine import (
+    PARALLEL_MIN_FLOPS,
+    PARALLEL_MIN_FLOPS_PER_TOKEN,
+    FillMaskEngine,
+    ThreadPolicy,
+    encoder_flops_per_token,
+)
 from maskserve.model_api import Query
 
 
-def test_policy_gives_small_batches_one_thread_and_large_ones_all() -> None:
+def test_policy_gives_small_batches_of_a_small_model_one_thread_and_large_ones_all() -> None:
     policy = ThreadPolicy(max_threads=4, adaptive=True, flops_per_token=1e6)
     assert policy.threads_for(10) == 1
     assert policy.threads_for(int(PARALLEL_MIN_FLOPS / 1e6)) == 4
+
+
+def test_policy_gives_a_wide_model_every_thread_even_for_one_short_text() -> None:
+    policy = ThreadPolicy(max_threads=4, adaptive=True, flops_per_token=PARALLEL_MIN_FLOPS_PER_TOKEN)
+    assert policy.threads_for(3) == 4
 
 
 def test_fixed_policy_always_uses_its_threads() -> None:
@@ -32,8 +43,9 @@ def test_engine_sets_torch_threads_for_each_batch(bert_engine: FillMaskEngine) -
     original = bert_engine.threads
     query = Query(bert_engine.encode("the [MASK] is red."), 1)
     try:
-        # Make every token cost half the threshold: one text is small, a batch of 64 is large.
-        per_token = PARALLEL_MIN_FLOPS / (2 * len(query.input_ids))
+        # A narrow model (below the per-token bar) whose batch of 64 crosses the batch bar.
+        per_token = PARALLEL_MIN_FLOPS_PER_TOKEN / 2
+        assert len(query.input_ids) * per_token < PARALLEL_MIN_FLOPS <= 64 * len(query.input_ids) * per_token
         bert_engine.threads = ThreadPolicy(max_threads=2, adaptive=True, flops_per_token=per_token)
         bert_engine.predict([query])
         assert torch.get_num_threads() == 1

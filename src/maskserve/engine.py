@@ -70,12 +70,15 @@ def _dtype_kwarg(dtype: torch.dtype) -> dict[str, Any]:
     return {"dtype": dtype} if major >= 5 else {"torch_dtype": dtype}
 
 
-# A forward pass below this many FLOPs runs on one thread, above it on every allowed core.
-# Measured on 2 cores: the default model's batch of 32 (~1 GFLOP) took 33 ms on 2 threads and
-# 32 ms on 1 when idle, but 159 ms against 39 ms with one busy neighbour (the event loop, a
-# client, another process): torch's threads spin waiting for a core. A bert-base batch of 32
-# (~150 GFLOP) took 1.08 s on 2 threads and 1.97 s on 1: there, parallelism pays.
+# A small model's forward pass below PARALLEL_MIN_FLOPS runs on one thread; anything bigger, and
+# every pass of a model of at least PARALLEL_MIN_FLOPS_PER_TOKEN, on every allowed core.
+# Measured on 2 cores: the default model's batch of 32 (~1 GFLOP, 128-wide layers) took 33 ms on
+# 2 threads and 32 ms on 1 when idle, but 159 ms against 39 ms with one busy neighbour (the event
+# loop, a client, another process): torch's threads spin waiting for a core, and its small
+# matrices gain nothing from splitting. bert-base's 768-wide layers split well even for one short
+# text (113 ms on 2 threads, 127 ms on 1), and a batch of 32 took 1.08 s against 1.97 s.
 PARALLEL_MIN_FLOPS = 2e9
+PARALLEL_MIN_FLOPS_PER_TOKEN = 2e7
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,11 @@ class ThreadPolicy:
     flops_per_token: float
 
     def threads_for(self, padded_tokens: int) -> int:
-        if not self.adaptive or padded_tokens * self.flops_per_token >= PARALLEL_MIN_FLOPS:
+        if (
+            not self.adaptive
+            or self.flops_per_token >= PARALLEL_MIN_FLOPS_PER_TOKEN
+            or padded_tokens * self.flops_per_token >= PARALLEL_MIN_FLOPS
+        ):
             return self.max_threads
         return 1
 
