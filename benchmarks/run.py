@@ -245,7 +245,7 @@ def render(runs: Sequence[ModelRun], concurrencies: Sequence[int], command: str,
         f"Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}",
         f"- torch threads: the offline pipeline gets the best of {offline_thread_counts()} (no client competes "
         f"with it); the seed design keeps torch's default ({available_cpus()}); maskserve its own default "
-        f"({max(1, available_cpus() - 1)}: the CPUs less one for the event loop)",
+        f"(up to {available_cpus()}, one for a narrow model's small batches)",
         "- req/s: correct answers per second, median of the rounds (min–max); ratios are medians of "
         "per-round ratios. Latencies pool all rounds. Offline = `pipeline(sentences, batch_size=b)` "
         "in-process, best b of the round.",
