@@ -6,6 +6,7 @@ inference thread ran; it can hold a forward pass until released, and raise for c
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Sequence
 
@@ -85,3 +86,8 @@ class ControlledModel:
 
     def batch_sizes(self) -> list[int]:
         return [len(b) for b in self.batches]
+
+
+async def wait_until_entered(model: ControlledModel) -> None:
+    """Until the inference thread is inside ``predict`` (held at the gate, if the model holds)."""
+    assert await asyncio.to_thread(model.entered.wait, 5), "the forward pass never started"

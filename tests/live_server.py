@@ -7,11 +7,20 @@ test's event loop. Same factory and the same handler cancellation as ``python -m
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from aiohttp import web
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now, for a server started as a subprocess."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 @contextmanager

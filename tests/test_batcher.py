@@ -13,7 +13,7 @@ from maskserve.batcher import Batcher, BatchLimits, BatchReport, CostModel, pred
 from maskserve.errors import DeadlineExceeded, InferenceFailed, Overloaded, ShuttingDown
 from maskserve.model_api import Query
 
-from .fakes import ControlledModel, EchoModel
+from .fakes import ControlledModel, EchoModel, wait_until_entered
 
 
 def query(text: str, model: EchoModel | ControlledModel | None = None) -> Query:
@@ -33,10 +33,6 @@ async def running(model: ControlledModel, **limits: float) -> AsyncIterator[Batc
         with contextlib.suppress(asyncio.CancelledError):
             await task
         executor.shutdown(wait=True)
-
-
-async def wait_until_entered(model: ControlledModel) -> None:
-    await asyncio.to_thread(model.entered.wait, 5)
 
 
 def later(seconds: float) -> float:

@@ -14,13 +14,10 @@ from maskserve.engine import FillMaskEngine
 from maskserve.keys import BATCHER_KEY
 
 from .conftest import ClientFactory
-from .fakes import ControlledModel
+from .fakes import ControlledModel, wait_until_entered
+from .live_server import free_port
 
 LEAKS = ("Traceback", "RuntimeError", "injected fault", 'File "', ".py")
-
-
-async def wait_until_entered(model: ControlledModel) -> None:
-    assert await asyncio.to_thread(model.entered.wait, 5), "the forward pass never started"
 
 
 def assert_clean_500(body: dict[str, dict[str, str]]) -> None:
@@ -101,13 +98,6 @@ async def test_a_hung_forward_pass_answers_504_fails_the_probes_and_recovers_whe
     assert (await client.get("/livez")).status == 200
     assert (await client.get("/readyz")).status == 200
     assert (await client.post("/", data="after [MASK]")).status == 200
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def test_a_model_that_cannot_load_exits_non_zero_clearly_and_never_listens() -> None:

@@ -14,14 +14,9 @@ from maskserve.health import liveness, readiness
 from maskserve.keys import BATCH_LOOP_KEY, BATCHER_KEY
 
 from .conftest import ClientFactory
-from .fakes import ControlledModel
+from .fakes import ControlledModel, wait_until_entered
 
 Client = TestClient[web.Request, web.Application]
-
-
-async def wait_until_entered(model: ControlledModel) -> None:
-    """Until the inference thread is inside ``predict``, held at the model's gate."""
-    assert await asyncio.to_thread(model.entered.wait, 5), "the forward pass never started"
 
 
 async def wait_for_depth(client: Client, depth: int) -> None:

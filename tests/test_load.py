@@ -13,7 +13,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,17 +22,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from .live_server import free_port
+
 TIMEOUT_S = 2.0
 CLIENTS = 96
 MAX_REQUESTS = int(os.environ.get("MASKSERVE_LOAD_REQUESTS", "4000"))
 TIME_CAP_S = float(os.environ.get("MASKSERVE_LOAD_SECONDS", "25"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def sentences(seed: int = 5) -> list[str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from .live_server import free_port
 from .models import build_bert, build_maskless
 
 START_TIMEOUT_S = 60.0
@@ -33,13 +34,6 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         env=cli_env(),
         check=False,
     )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ from maskserve.keys import BATCHER_KEY
 from maskserve.metrics import Metrics
 
 from .conftest import ClientFactory
-from .fakes import ControlledModel
+from .fakes import ControlledModel, wait_until_entered
 
 Client = TestClient[web.Request, web.Application]
 # (sample name, sorted label pairs) -> value
@@ -42,10 +42,6 @@ async def scrape(client: Client) -> Samples:
 
 def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
-async def wait_until_entered(model: ControlledModel) -> None:
-    assert await asyncio.to_thread(model.entered.wait, 5), "the forward pass never started"
 
 
 async def test_idle_exposition_declares_every_metric_with_its_type(make_client: ClientFactory) -> None:

@@ -23,7 +23,7 @@ from maskserve.schemas import request_schema
 from maskserve.settings import Settings
 
 from .conftest import ClientFactory
-from .fakes import ControlledModel
+from .fakes import ControlledModel, wait_until_entered
 
 Client = TestClient[web.Request, web.Application]
 DOCUMENT_URI = "urn:maskserve:openapi"
@@ -119,10 +119,6 @@ class Conformance:
                 body.decode("utf-8")
         self.seen.add((method, path, str(response.status)))
         return response
-
-
-async def wait_until_entered(model: ControlledModel) -> None:
-    assert await asyncio.to_thread(model.entered.wait, 5), "the forward pass never started"
 
 
 async def wait_for_depth(client: Client, depth: int) -> None:

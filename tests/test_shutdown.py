@@ -6,7 +6,6 @@ import asyncio
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from maskserve.keys import BATCHER_KEY
 
 from .conftest import ClientFactory
 from .fakes import ControlledModel
+from .live_server import free_port
 
 
 async def test_shutdown_finishes_accepted_requests_and_refuses_new_ones(make_client: ClientFactory) -> None:
@@ -53,13 +53,6 @@ async def test_drain_budget_spent_answers_the_rest_503(make_client: ClientFactor
     assert statuses == [503] * 3
     model.release()
     assert (await busy).status == 200
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def test_sigterm_with_requests_in_flight_answers_them_all_then_exits_0() -> None:

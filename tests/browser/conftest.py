@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import pytest
+
+from ..live_server import free_port
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, ConsoleMessage, Dialog, Page, Request
@@ -44,13 +45,6 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 SERVER_START_TIMEOUT = 120.0
 LAPTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 375, "height": 740}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def wait_until_serving(url: str, process: subprocess.Popen[bytes], log_path: Path) -> None:

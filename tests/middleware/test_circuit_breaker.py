@@ -10,11 +10,7 @@ from maskserve.batcher import BatchReport
 from maskserve.keys import BATCHER_KEY, BREAKER_KEY
 
 from ..conftest import ClientFactory
-from ..fakes import ControlledModel, EchoModel
-
-
-async def wait_until_entered(model: ControlledModel) -> None:
-    await asyncio.to_thread(model.entered.wait, 5)
+from ..fakes import ControlledModel, EchoModel, wait_until_entered
 
 
 async def test_full_queue_answers_503_with_retry_after_before_reading_the_body(make_client: ClientFactory) -> None:
