@@ -215,12 +215,19 @@ class Batcher:
         """Seconds until the work ahead is done, by the measured cost; at least 1."""
         return max(1.0, self.predicted_wait())
 
-    def submit(self, query: Query, deadline: float) -> asyncio.Future[Answer]:
-        """Queue one text; ``deadline`` is on the event loop's clock. Raises when refused."""
+    def _admit(self, texts: int) -> None:
+        """Raise unless ``texts`` more texts may be queued now."""
         if self._closed:
             raise ShuttingDown("the server is shutting down and accepts no new work", retry_after=1.0)
-        if self.is_full():
+        if self.is_full(texts):
             raise Overloaded("the queue is full; retry later", retry_after=self.retry_after())
+
+    def submit(self, query: Query, deadline: float) -> asyncio.Future[Answer]:
+        """Queue one text; ``deadline`` is on the event loop's clock. Raises when refused."""
+        self._admit(1)
+        return self._enqueue(query, deadline)
+
+    def _enqueue(self, query: Query, deadline: float) -> asyncio.Future[Answer]:
         loop = asyncio.get_running_loop()
         item = WorkItem(query=query, future=loop.create_future(), enqueued_at=loop.time(), deadline=deadline)
         self._queue.append(item)
@@ -236,11 +243,8 @@ class Batcher:
         cancellation (the client left) the futures are cancelled, and the batch loop drops
         them before they cost a forward pass.
         """
-        if self._closed:
-            raise ShuttingDown("the server is shutting down and accepts no new work", retry_after=1.0)
-        if self.is_full(len(queries)):
-            raise Overloaded("the queue is full; retry later", retry_after=self.retry_after())
-        futures = [self.submit(query, deadline) for query in queries]
+        self._admit(len(queries))
+        futures = [self._enqueue(query, deadline) for query in queries]
         try:
             async with asyncio.timeout_at(deadline):
                 return list(await asyncio.gather(*futures))
