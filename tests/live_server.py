@@ -7,7 +7,9 @@ test's event loop. Same factory and the same handler cancellation as ``python -m
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
+import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +23,15 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def stop_server(server: subprocess.Popen[bytes]) -> None:
+    """SIGTERM a server subprocess, as an orchestrator would; kill it if it does not exit in 30 s."""
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(30)
+    except subprocess.TimeoutExpired:
+        server.kill()
 
 
 @contextmanager

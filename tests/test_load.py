@@ -12,7 +12,6 @@ import asyncio
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from .live_server import free_port
+from .live_server import free_port, stop_server
 
 TIMEOUT_S = 2.0
 CLIENTS = 96
@@ -123,11 +122,7 @@ async def test_flood_of_several_times_capacity_sheds_cleanly_and_keeps_serving()
                 assert response.status == 200
         assert server.poll() is None
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_server(server)
 
     assert set(statuses) <= {200, 503, 504}, statuses
     assert statuses[200] > 0 and statuses[503] > 0, statuses  # it really was overloaded

@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from .live_server import stop_server
 from .test_load import free_port, sentences, wait_ready
 
 SOAK_SECONDS = float(os.environ.get("MASKSERVE_SOAK_SECONDS", "20"))
@@ -114,11 +114,7 @@ async def test_twice_capacity_with_hang_ups_answers_everything_and_leaks_nothing
             assert r.status == 200
         assert server.poll() is None
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_server(server)
 
     answered = sum(statuses.values())
     cancelled = sum(1 for t in tasks if t.cancelled())
