@@ -24,6 +24,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from maskserve.app import create_app
 from maskserve.engine import FillMaskEngine
 from maskserve.openapi import ROUTE_NAMES, openapi_document
+from maskserve.routes import ROUTE_ROLES
 from maskserve.settings import Settings
 
 from .live_server import serve_in_thread
@@ -32,7 +33,7 @@ from .test_fuzz import EXAMPLES, EXCEPTION_NAME, LEAK_MARKERS
 pytestmark = pytest.mark.fuzz
 
 SETTINGS = Settings(max_body_bytes=64 * 1024, max_text_chars=2000, max_inputs=8, max_top_k=20, max_targets=8)
-DOCUMENT = openapi_document(SETTINGS)
+DOCUMENT = openapi_document(SETTINGS, ROUTE_ROLES)
 SENT: Counter[int] = Counter()
 
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from .app import create_app, load_model
+from .app import SETTINGS_CHECKS, create_app, load_model
 from .logs import AccessLogger, configure_logging
 from .settings import SettingsError, load_settings
 
@@ -17,7 +17,7 @@ log = logging.getLogger("maskserve")
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        settings = load_settings(sys.argv[1:] if argv is None else argv)
+        settings = load_settings(sys.argv[1:] if argv is None else argv, checks=SETTINGS_CHECKS)
     except SettingsError as exc:
         print(f"maskserve: {exc}", file=sys.stderr)
         return 2

@@ -26,14 +26,20 @@ from .keys import (
     SETTINGS_KEY,
 )
 from .metrics import Metrics
+from .middleware import chain
 from .middleware.chain import Spec, build_chain
 from .model_api import FillMaskModel
 from .page import security_headers
 from .routes import setup_routes
 from .schemas import Limits, RequestParser
-from .settings import Settings
+from .settings import Settings, SettingsCheck
 
 log = logging.getLogger(__name__)
+
+# What start-up checks beyond each value's own parsing, before a model loads or a port opens:
+# ``load_settings(argv, checks=SETTINGS_CHECKS)``. Each check belongs to the layer that uses the
+# setting and is handed down from here, so the settings never import what sits above them.
+SETTINGS_CHECKS: dict[str, SettingsCheck] = {"middleware": chain.check_setting}
 
 
 def load_model(settings: Settings) -> FillMaskModel:
