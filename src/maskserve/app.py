@@ -19,12 +19,14 @@ from .keys import (
     BATCH_LOOP_KEY,
     BATCHER_KEY,
     BREAKER_KEY,
+    LIFECYCLE_KEY,
     METRICS_KEY,
     MIDDLEWARE_CHAIN_KEY,
     MODEL_KEY,
     PARSER_KEY,
     SETTINGS_KEY,
 )
+from .lifecycle import Lifecycle
 from .metrics import Metrics
 from .middleware import chain
 from .middleware.chain import Spec, build_chain
@@ -109,8 +111,22 @@ def inference_context(
     return context
 
 
+async def close_connections_while_draining(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: once draining, every response asks its client to reconnect.
+
+    The next request of a keep-alive client then opens a new connection, which the load balancer
+    sends elsewhere, instead of racing the listener's close on this one.
+    """
+    if request.app[LIFECYCLE_KEY].draining:
+        response.force_close()
+        # aiohttp has already written its keep-alive decision into the headers by now.
+        response.headers["Connection"] = "close"
+
+
 async def drain_on_shutdown(app: web.Application) -> None:
-    """SIGTERM/SIGINT: refuse new work, finish what was accepted within the drain budget."""
+    """The listener has closed (after the drain delay): refuse new work, finish what was accepted
+    within the drain budget."""
+    app[LIFECYCLE_KEY].start_draining()  # for an app stopped without the runner's signals
     batcher = app[BATCHER_KEY]
     batcher.close()
     settings = app[SETTINGS_KEY]
@@ -140,6 +156,7 @@ def create_app(
     app[MIDDLEWARE_CHAIN_KEY] = chain.names
     app[PARSER_KEY] = RequestParser(request_limits(settings))
     app[METRICS_KEY] = Metrics()
+    app[LIFECYCLE_KEY] = Lifecycle()
     app.cleanup_ctx.append(inference_context(engine))
     app.on_shutdown.append(drain_on_shutdown)
     # The demo page's templates, from the package; autoescape on, and a missing variable is an
@@ -152,5 +169,6 @@ def create_app(
     )
     # CSP on HTML, nosniff and Referrer-Policy everywhere (static files and errors included).
     app.on_response_prepare.append(security_headers)
+    app.on_response_prepare.append(close_connections_while_draining)
     setup_routes(app)
     return app

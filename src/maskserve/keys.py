@@ -9,6 +9,7 @@ from aiohttp import web
 
 from .batcher import Answer, Batcher
 from .breaker import CircuitBreaker
+from .lifecycle import Lifecycle
 from .metrics import Metrics
 from .model_api import FillMaskModel
 from .schemas import RequestParser
@@ -30,6 +31,8 @@ class RouteRoles:
 
 SETTINGS_KEY = web.AppKey("settings", Settings)
 ROUTE_ROLES_KEY = web.AppKey("route_roles", RouteRoles)
+# Draining or not: set by the runner on a stop signal, read by /readyz and every response.
+LIFECYCLE_KEY = web.AppKey("lifecycle", Lifecycle)
 MODEL_KEY = web.AppKey("model", FillMaskModel)
 BATCHER_KEY = web.AppKey("batcher", Batcher)
 PARSER_KEY = web.AppKey("parser", RequestParser)

@@ -206,8 +206,17 @@ class Settings:
     max_top_k: int = _setting(100, _positive_int, "Largest top_k a request may ask for.")
     max_targets: int = _setting(100, _positive_int, "Most targets a request may name.")
     default_top_k: int = _setting(5, _positive_int, "top_k when the request gives none (the pipeline's 5).")
+    drain_delay: float = _setting(
+        0.0,
+        _non_negative_float,
+        "Seconds to keep accepting and answering requests after SIGTERM/SIGINT while /readyz answers "
+        "503, so load balancers stop sending before the listener closes. 0 suits a laptop; behind a "
+        "balancer set it above its health check interval x failures. A second signal cuts it short.",
+    )
     drain_timeout: float = _setting(
-        10.0, _non_negative_float, "Seconds to finish queued work on SIGTERM before answering the rest 503."
+        10.0,
+        _non_negative_float,
+        "Seconds to finish queued work once the listener closes (after --drain-delay) before answering the rest 503.",
     )
     stall_timeout: float = _setting(
         60.0,
