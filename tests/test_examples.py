@@ -58,7 +58,7 @@ async def test_the_rate_limiter_loaded_through_the_setting_limits_each_key(
         assert (await client.post("/", data=PARIS, headers=bearer(KEY_A))).status == 200
     refused = await client.post("/", data=PARIS, headers=bearer(KEY_A))
     error = await error_of(refused, 429, "rate_limited")
-    assert "quota" in error["message"]
+    assert "quota" in error["error"]
     # The next token comes in a minute: Retry-After says so, in whole seconds.
     assert 1 <= int(refused.headers["Retry-After"]) <= 60
     # Another key has its own bucket; probes are never limited.

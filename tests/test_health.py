@@ -142,7 +142,7 @@ async def test_readyz_turns_503_once_the_predicted_wait_exceeds_the_default_dead
         # Exactly when the breaker starts refusing requests with the default deadline.
         refused = await client.post("/", data="b [MASK]")
         assert refused.status == 503
-        assert (await refused.json())["error"]["kind"] == "overloaded"
+        assert (await refused.json())["error_type"] == "overloaded"
     finally:
         model.release()
     assert (await slow).status == 200

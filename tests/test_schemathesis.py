@@ -28,6 +28,7 @@ from maskserve.routes import ROUTE_ROLES
 from maskserve.settings import Settings
 
 from .live_server import serve_in_thread
+from .middleware.test_errors import DETAIL_KEYS
 from .test_fuzz import EXAMPLES, EXCEPTION_NAME, LEAK_MARKERS
 
 pytestmark = pytest.mark.fuzz
@@ -71,8 +72,11 @@ def sanitized(ctx: CheckContext, response: Response, case: Case) -> bool | None:
     for name in EXCEPTION_NAME.findall(text):
         assert name in sent, f"exception name {name!r} in a {response.status_code} answer"
     if response.status_code >= 400 and response.headers.get("content-type", [""])[0].startswith("application/json"):
-        error = json.loads(text)["error"]
-        assert set(error) == {"kind", "message", "request_id"}, error
+        error = json.loads(text)
+        assert (
+            {"error", "error_type", "request_id"} <= set(error) <= {"error", "error_type", "request_id", *DETAIL_KEYS}
+        )
+        assert isinstance(error["error"], str), error
     return None
 
 

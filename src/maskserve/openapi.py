@@ -89,20 +89,27 @@ def _schemas(limits: Limits) -> dict[str, Schema]:
             ],
         },
         "Error": {
+            "description": (
+                "The Hugging Face Inference API's error shape (TGI and TEI use it too), which the "
+                "official clients read: `error` is the message for people, `error_type` the stable "
+                "kind for programs; the other keys are maskserve's details."
+            ),
             "type": "object",
-            "required": ["error"],
+            "required": ["error", "error_type", "request_id"],
             "additionalProperties": False,
             "properties": {
-                "error": {
-                    "type": "object",
-                    "required": ["kind", "message", "request_id"],
-                    "additionalProperties": False,
-                    "properties": {
-                        "kind": {"type": "string", "enum": error_kinds()},
-                        "message": {"type": "string"},
-                        "request_id": {"type": "string", "minLength": 1},
-                    },
-                }
+                "error": {"type": "string", "minLength": 1},
+                "error_type": {"type": "string", "enum": error_kinds()},
+                "request_id": {"type": "string", "minLength": 1},
+                "retry_after": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "On 429 and 503: the Retry-After header's seconds.",
+                },
+                "field": {
+                    "type": "string",
+                    "description": "On a 4xx about one part of the request: its JSON path, form field or header.",
+                },
             },
         },
         "Health": {

@@ -262,7 +262,7 @@ async def test_an_error_raised_in_a_custom_stage_is_sanitized(
     with caplog.at_level(logging.ERROR, logger="maskserve"):
         response = await client.post("/", data=PARIS)
     error = await error_of(response, 500, "internal")
-    assert error["message"] == INTERNAL_MESSAGE
+    assert error["error"] == INTERNAL_MESSAGE
     text = await response.text()
     for leak in ("secret", "/srv", "hunter2", "RuntimeError", "Traceback"):
         assert leak not in text
