@@ -289,3 +289,36 @@ async def test_slots_of_abandoned_requests_are_freed_while_a_pass_hangs() -> Non
         assert batcher.drops.abandoned == 3
         model.release()
         await first
+
+
+async def test_a_failing_listener_never_stops_the_batch_loop(caplog: pytest.LogCaptureFixture) -> None:
+    def broken(report: BatchReport) -> None:
+        raise RuntimeError("an observer's bug")
+
+    async with running(ControlledModel()) as batcher:
+        batcher.listeners.insert(0, broken)
+        first = await batcher.answer([query("a [MASK]")], later(5))
+        second = await batcher.answer([query("b [MASK]")], later(5))
+        assert (first[0].batch_number, second[0].batch_number) == (1, 2)
+    assert "a batch listener failed" in caplog.text
+
+
+async def test_a_report_names_each_requests_context_once_and_the_answers_their_pass() -> None:
+    reports: list[BatchReport] = []
+    model = ControlledModel()
+    async with running(model) as batcher:
+        batcher.listeners.append(reports.append)
+        model.hold()
+        first = asyncio.create_task(batcher.answer([query("a [MASK]")], later(5), context="first"))
+        await wait_until_entered(model)
+        shared = [query("b [MASK]"), query("c [MASK]")]
+        both = asyncio.create_task(batcher.answer(shared, later(5), context=["unhashable"]))
+        other = asyncio.create_task(batcher.answer([query("d [MASK]")], later(5)))
+        while batcher.depth < 3:
+            await asyncio.sleep(0.01)
+        model.release()
+        answers = [await first, await both, await other]
+    assert [r.contexts for r in reports] == [("first",), (["unhashable"],)]
+    assert [r.number for r in reports] == [1, 2]
+    assert reports[1].started_ns >= reports[0].started_ns > 0
+    assert [a.batch_number for request in answers for a in request] == [1, 2, 2, 2]

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from maskserve import errors
-from maskserve.settings import ENV_PREFIX, Settings
+from maskserve.settings import ENV_PREFIX, Settings, env_names
 
 from .test_layers import layer_table
 
@@ -37,8 +37,8 @@ def settings_table() -> str:
     rows = ["| flag | environment | default | meaning |", "| --- | --- | --- | --- |"]
     for f in dataclasses.fields(Settings):
         flag = "--" + f.name.replace("_", "-")
-        env = ENV_PREFIX + f.name.upper()
-        rows.append(f"| `{flag}` | `{env}` | `{_default(f.default)}` | {_cell(f.metadata['help'])} |")
+        env = ", ".join(f"`{name}`" for name in env_names(f))
+        rows.append(f"| `{flag}` | {env} | `{_default(f.default)}` | {_cell(f.metadata['help'])} |")
     return "\n".join(rows)
 
 

@@ -33,6 +33,7 @@ OTHER_VALUES: dict[str, tuple[str, object]] = {
     "max_targets": ("4", 4),
     "default_top_k": ("2", 2),
     "drain_delay": ("2", 2.0),
+    "traces_exporter": ("Console, otlp", "console,otlp"),
     "drain_timeout": ("1.5", 1.5),
     "stall_timeout": ("45", 45.0),
     "log_level": ("debug", "debug"),
@@ -59,6 +60,7 @@ BAD_VALUES: dict[str, str] = {
     "max_targets": "x",
     "default_top_k": "0",
     "drain_delay": "-1",
+    "traces_exporter": "none,console",
     "drain_timeout": "inf",
     "stall_timeout": "0",
     "log_level": "loud",
@@ -181,3 +183,11 @@ def test_cli_help_lists_every_flag() -> None:
     # argparse wraps long lines; flags stay whole.
     for name in FIELDS:
         assert flag(name) in result.stdout
+
+
+def test_the_traces_exporter_falls_back_to_opentelemetrys_own_variable() -> None:
+    assert load_settings([], env={"OTEL_TRACES_EXPORTER": "console"}).traces_exporter == "console"
+    both = {"MASKSERVE_TRACES_EXPORTER": "otlp", "OTEL_TRACES_EXPORTER": "console"}
+    assert load_settings([], env=both).traces_exporter == "otlp"  # maskserve's own wins
+    with pytest.raises(SettingsError, match=r"^OTEL_TRACES_EXPORTER: invalid value 'otlp,none'"):
+        load_settings([], env={"OTEL_TRACES_EXPORTER": "otlp,none"})

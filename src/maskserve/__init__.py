@@ -13,7 +13,7 @@ import-linter contracts in setup.cfg (``tox -e style``) hold the code to this ta
     routes                                                every route in one table, and the roles the stages read
     views : page : health : info : openapi                the handlers: API, demo page, probes, /info, /openapi.json
     middleware                                            the stages around every handler, one per file, and the chain
-    keys : deadlines : schemas : logs                     HTTP building blocks: typed keys, deadlines, parsing, logs
+    keys : deadlines : schemas : logs : traces : tracing  HTTP building blocks: keys, deadlines, parsing, logs, traces
     metrics                                               the Prometheus registry, fed by the batcher and a stage
     breaker                                               admission at the door: queue bound, predicted wait
     batcher | engine                                      the queue and batch loop (asyncio) | the model (torch)

@@ -41,7 +41,10 @@ log = logging.getLogger(__name__)
 # What start-up checks beyond each value's own parsing, before a model loads or a port opens:
 # ``load_settings(argv, checks=SETTINGS_CHECKS)``. Each check belongs to the layer that uses the
 # setting and is handed down from here, so the settings never import what sits above them.
-SETTINGS_CHECKS: dict[str, SettingsCheck] = {"middleware": chain.check_setting}
+SETTINGS_CHECKS: dict[str, SettingsCheck] = {
+    "traces_exporter": chain.check_tracing,
+    "middleware": chain.check_setting,
+}
 
 
 def load_model(settings: Settings) -> FillMaskModel:
@@ -157,6 +160,12 @@ def create_app(
     app[PARSER_KEY] = RequestParser(request_limits(settings))
     app[METRICS_KEY] = Metrics()
     app[LIFECYCLE_KEY] = Lifecycle()
+    # Stages that own resources for the app's life register them first, so that they are set up
+    # before the model's lifecycle and torn down after it (see middleware/chain.py).
+    for middleware in chain.middlewares:
+        setup_app = getattr(middleware, "setup_app", None)
+        if callable(setup_app):
+            setup_app(app)
     app.cleanup_ctx.append(inference_context(engine))
     app.on_shutdown.append(drain_on_shutdown)
     # The demo page's templates, from the package; autoescape on, and a missing variable is an

@@ -36,12 +36,15 @@ class BatchLimits:
 
 @dataclass(frozen=True)
 class Answer:
-    """One text's predictions and how it was served, for the timing headers and metrics."""
+    """One text's predictions and how it was served, for the timing headers, metrics and traces."""
 
     predictions: TextPredictions
     queued_s: float
     inference_s: float
     batch_size: int
+    # When its forward pass began (epoch nanoseconds, for trace spans) and which pass it was.
+    started_ns: int = 0
+    batch_number: int = 0
 
 
 @dataclass(eq=False)
@@ -52,6 +55,10 @@ class WorkItem:
     future: asyncio.Future[Answer]
     enqueued_at: float
     deadline: float
+    # Whatever the caller attached (the request's trace span), handed back in the BatchReport so a
+    # listener can link the forward pass to every request it served. Opaque here; one request's
+    # texts carry the same object.
+    context: object = None
 
     @property
     def n_tokens(self) -> int:
@@ -67,6 +74,11 @@ class BatchReport:
     padded_tokens: int
     seconds: float
     failed: int
+    # When the pass began (epoch nanoseconds), its number (1, 2, ...), and the contexts of the
+    # items it served that carried one (WorkItem.context), each once.
+    started_ns: int = 0
+    number: int = 0
+    contexts: tuple[object, ...] = ()
 
 
 @dataclass
@@ -222,21 +234,23 @@ class Batcher:
         if self.is_full(texts):
             raise Overloaded("the queue is full; retry later", retry_after=self.retry_after())
 
-    def submit(self, query: Query, deadline: float) -> asyncio.Future[Answer]:
+    def submit(self, query: Query, deadline: float, context: object = None) -> asyncio.Future[Answer]:
         """Queue one text; ``deadline`` is on the event loop's clock. Raises when refused."""
         self._admit(1)
-        return self._enqueue(query, deadline)
+        return self._enqueue(query, deadline, context)
 
-    def _enqueue(self, query: Query, deadline: float) -> asyncio.Future[Answer]:
+    def _enqueue(self, query: Query, deadline: float, context: object) -> asyncio.Future[Answer]:
         loop = asyncio.get_running_loop()
-        item = WorkItem(query=query, future=loop.create_future(), enqueued_at=loop.time(), deadline=deadline)
+        item = WorkItem(
+            query=query, future=loop.create_future(), enqueued_at=loop.time(), deadline=deadline, context=context
+        )
         self._queue.append(item)
         self._queued_tokens += item.n_tokens
         self._idle.clear()
         self._arrived.set()
         return item.future
 
-    async def answer(self, queries: Sequence[Query], deadline: float) -> list[Answer]:
+    async def answer(self, queries: Sequence[Query], deadline: float, context: object = None) -> list[Answer]:
         """Queue every text of one request and wait for all, or raise by the deadline.
 
         Admission is all-or-nothing, so a request is never half queued. On timeout or
@@ -244,7 +258,7 @@ class Batcher:
         them before they cost a forward pass.
         """
         self._admit(len(queries))
-        futures = [self._enqueue(query, deadline) for query in queries]
+        futures = [self._enqueue(query, deadline, context) for query in queries]
         try:
             async with asyncio.timeout_at(deadline):
                 return list(await asyncio.gather(*futures))
@@ -390,7 +404,7 @@ class Batcher:
     async def _run_batch(self, loop: asyncio.AbstractEventLoop, batch: list[WorkItem]) -> None:
         queries = [item.query for item in batch]
         padded = len(batch) * max(item.n_tokens for item in batch)
-        started = loop.time()
+        started, started_ns = loop.time(), time.time_ns()
         self._in_flight = _InFlight(started=time.monotonic(), predicted_s=self.cost.predict(padded))
         try:
             outcomes, seconds = await loop.run_in_executor(self.executor, self._infer, queries)
@@ -400,6 +414,7 @@ class Batcher:
         finally:
             self._in_flight = None
         self.batches_run += 1
+        number = self.batches_run
         failed = 0
         for item, outcome in zip(batch, outcomes):
             if isinstance(outcome, Exception):
@@ -409,7 +424,14 @@ class Batcher:
                     item.future.set_exception(InferenceFailed("the model failed on this input"))
             elif not item.future.done():  # else the client left or timed out while its batch ran
                 item.future.set_result(
-                    Answer(outcome, queued_s=started - item.enqueued_at, inference_s=seconds, batch_size=len(batch))
+                    Answer(
+                        outcome,
+                        queued_s=started - item.enqueued_at,
+                        inference_s=seconds,
+                        batch_size=len(batch),
+                        started_ns=started_ns,
+                        batch_number=number,
+                    )
                 )
         report = BatchReport(
             size=len(batch),
@@ -417,9 +439,16 @@ class Batcher:
             padded_tokens=padded,
             seconds=seconds,
             failed=failed,
+            started_ns=started_ns,
+            number=number,
+            # Each request's context once; contexts need not be hashable (OpenTelemetry's are not).
+            contexts=tuple({id(item.context): item.context for item in batch if item.context is not None}.values()),
         )
         for listener in self.listeners:
-            listener(report)
+            try:
+                listener(report)
+            except Exception:  # an observer's bug (metrics, tracing) must not stop the batch loop
+                log.exception("a batch listener failed")
 
     def _infer(self, queries: list[Query]) -> tuple[list[TextPredictions | Exception], float]:
         """The inference thread's whole job: compute, time it, refresh the heartbeat."""

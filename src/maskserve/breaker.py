@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 
 from .batcher import Batcher
-from .errors import DeadlineExceeded, MaskserveError, Overloaded, ShuttingDown
+from .errors import DeadlineExceeded, Overloaded, ServiceUnavailable, ShuttingDown
 
 
 class CircuitBreaker:
@@ -23,31 +23,31 @@ class CircuitBreaker:
 
     def check(self, time_left: float) -> None:
         """Raise 503 if a request with ``time_left`` seconds should not come in now (504 if already late)."""
-        error = self._refusal(time_left)
-        if error is not None:
-            raise error
-
-    def _refusal(self, time_left: float) -> MaskserveError | None:
-        batcher = self.batcher
         if time_left <= 0:
             # Already late at the door (a tiny X-Request-Timeout): retrying cannot help, so this
             # is the request's own timeout, not a 503 with Retry-After.
-            return DeadlineExceeded("the request's deadline passed before it could be queued")
+            raise DeadlineExceeded("the request's deadline passed before it could be queued")
+        refusal = self._refusal(time_left)
+        if refusal is not None:
+            self.refused[refusal.reason] += 1
+            raise refusal
+
+    def _refusal(self, time_left: float) -> ServiceUnavailable | None:
+        batcher = self.batcher
         if batcher.closed:
-            self.refused["shutting_down"] += 1
             return ShuttingDown("the server is shutting down and accepts no new work", retry_after=1.0)
         if batcher.is_full():
-            self.refused["queue_full"] += 1
             return Overloaded(
                 f"the server is at capacity ({batcher.depth} texts queued); retry later",
                 retry_after=batcher.retry_after(),
+                reason="queue_full",
             )
         # Its own text adds at least one more batch of work; the wait already ahead is known.
         predicted = batcher.predicted_wait(extra_texts=1)
         if predicted > time_left:
-            self.refused["predicted_timeout"] += 1
             return Overloaded(
                 f"the predicted wait ({predicted:.1f}s) exceeds this request's deadline ({time_left:.1f}s)",
                 retry_after=batcher.retry_after(),
+                reason="predicted_timeout",
             )
         return None

@@ -181,6 +181,7 @@ class ServiceUnavailable(MaskserveError):
 
     status = 503
     kind = "unavailable"
+    reason = "unavailable"
 
     def __init__(self, message: str, retry_after: float = 1.0) -> None:
         super().__init__(message)
@@ -192,11 +193,17 @@ class Overloaded(ServiceUnavailable):
 
     kind = "overloaded"
 
+    def __init__(self, message: str, retry_after: float = 1.0, *, reason: str = "queue_full") -> None:
+        super().__init__(message, retry_after)
+        # Why the door closed, for counters and traces: queue_full or predicted_timeout.
+        self.reason = reason
+
 
 class ShuttingDown(ServiceUnavailable):
     """The server is draining after SIGTERM/SIGINT and accepts no new work."""
 
     kind = "shutting_down"
+    reason = "shutting_down"
 
 
 class DeadlineExceeded(MaskserveError):

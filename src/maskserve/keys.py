@@ -9,11 +9,13 @@ from aiohttp import web
 
 from .batcher import Answer, Batcher
 from .breaker import CircuitBreaker
+from .errors import MaskserveError
 from .lifecycle import Lifecycle
 from .metrics import Metrics
 from .model_api import FillMaskModel
 from .schemas import RequestParser
 from .settings import Settings
+from .traces import RequestTrace
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,12 @@ BATCH_LOOP_KEY: web.AppKey[asyncio.Task[None]] = web.AppKey("batch_loop")
 REQUEST_ID_KEY = web.RequestKey("request_id", str)
 # Set by the error middleware on failed requests, for the access log line.
 ERROR_KIND_KEY = web.RequestKey("error_kind", str)
+# The error a request was answered with (set by the error middleware), for the tracing stage.
+ERROR_KEY = web.RequestKey("error", MaskserveError)
+# Set by the tracing stage (maskserve[otel]) when tracing is on: the request's trace for the
+# handlers (read it with traces.request_trace), and its trace id for the access log.
+TRACE_KEY = web.RequestKey("trace", RequestTrace)
+TRACE_ID_KEY = web.RequestKey("trace_id", str)
 # The request's deadline on the event loop's clock, once computed (see deadlines.py).
 DEADLINE_KEY = web.RequestKey("deadline", float)
 # Set by the fill-mask view: how each text was served, for the queue-wait metric.

@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
-from .keys import ERROR_KIND_KEY, REQUEST_ID_KEY
+from .keys import ERROR_KIND_KEY, REQUEST_ID_KEY, TRACE_ID_KEY
 
 
 class JsonFormatter(logging.Formatter):
@@ -23,7 +23,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        for key in ("request_id", "method", "path", "status", "kind", "latency_ms"):
+        for key in ("request_id", "method", "path", "status", "kind", "latency_ms", "trace_id"):
             if hasattr(record, key):
                 entry[key] = getattr(record, key)
         if record.exc_info:
@@ -43,26 +43,26 @@ def configure_logging(level: str, json_lines: bool) -> None:
 
 
 class AccessLogger(AbstractAccessLogger):
-    """``request_id method path status kind latency`` for every request, errors included."""
+    """``request_id method path status kind latency`` for every request, errors included, and
+    ``trace_id=...`` when the request was traced (the tracing stage is on)."""
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
         request_id = request.get(REQUEST_ID_KEY, "-")
         kind = request.get(ERROR_KIND_KEY, "ok" if response.status < 400 else "-")
         latency_ms = round(time * 1000, 2)
-        self.logger.info(
-            "%s %s %s %d %s %.2fms",
-            request_id,
-            request.method,
-            request.path,
-            response.status,
-            kind,
-            latency_ms,
-            extra={
-                "request_id": request_id,
-                "method": request.method,
-                "path": request.path,
-                "status": response.status,
-                "kind": kind,
-                "latency_ms": latency_ms,
-            },
-        )
+        extra: dict[str, Any] = {
+            "request_id": request_id,
+            "method": request.method,
+            "path": request.path,
+            "status": response.status,
+            "kind": kind,
+            "latency_ms": latency_ms,
+        }
+        line = "%s %s %s %d %s %.2fms"
+        args: list[Any] = [request_id, request.method, request.path, response.status, kind, latency_ms]
+        trace_id = request.get(TRACE_ID_KEY)
+        if trace_id is not None:
+            extra["trace_id"] = trace_id
+            line += " trace_id=%s"
+            args.append(trace_id)
+        self.logger.info(line, *args, extra=extra)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePath
@@ -38,9 +39,10 @@ from .errors import (
     ShuttingDown,
     TextTooLong,
 )
-from .keys import BATCHER_KEY, BREAKER_KEY, ERROR_KIND_KEY, MODEL_KEY, PARSER_KEY, REQUEST_ID_KEY
+from .keys import BATCHER_KEY, BREAKER_KEY, ERROR_KEY, ERROR_KIND_KEY, MODEL_KEY, PARSER_KEY, REQUEST_ID_KEY, TRACE_KEY
 from .model_api import Prediction, describe_model
 from .schemas import FillMaskRequest, Limits
+from .traces import NO_TRACE
 from .views import timing_headers
 
 log = logging.getLogger(__name__)
@@ -295,13 +297,19 @@ async def demo(request: web.Request) -> web.Response:
     try:
         deadline = request_deadline(request)
         request.app[BREAKER_KEY].check(deadline - asyncio.get_running_loop().time())
-        parsed = FillMaskRequest(texts=(text,), batched=False, top_k=parse_top_k(top_k, parser.limits), targets=None)
-        queries = parser.queries(parsed, model)
-        answers = await request.app[BATCHER_KEY].answer(queries, deadline)
+        trace = request.get(TRACE_KEY, NO_TRACE)
+        with trace.step("maskserve.parse"):
+            top_k_value = parse_top_k(top_k, parser.limits)
+            parsed = FillMaskRequest(texts=(text,), batched=False, top_k=top_k_value, targets=None)
+            queries = parser.queries(parsed, model)
+        queued_ns = time.time_ns()
+        answers = await request.app[BATCHER_KEY].answer(queries, deadline, trace.link)
+        trace.served(answers, queued_ns)
     except MaskserveError as exc:
         # The error middleware's bookkeeping (the kind for the access log, a warning for
         # server-side failures), but the page shows the error in plain words.
         request[ERROR_KIND_KEY] = exc.kind
+        request[ERROR_KEY] = exc
         if exc.status >= 500:
             log.warning("%s: %s [request_id=%s]", exc.kind, exc.message, request.get(REQUEST_ID_KEY, "-"))
         headers = {**exc.headers(), "Cache-Control": "no-store"}

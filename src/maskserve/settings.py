@@ -1,7 +1,10 @@
 """Every knob maskserve has, with its default and its trade-off.
 
 Each field is a CLI flag (``--max-batch-size``) with a ``MASKSERVE_*`` environment fallback
-(``MASKSERVE_MAX_BATCH_SIZE``). No other module reads the environment.
+(``MASKSERVE_MAX_BATCH_SIZE``); a field that mirrors a standard variable falls back to it last
+(``--traces-exporter``: ``MASKSERVE_TRACES_EXPORTER``, then OpenTelemetry's
+``OTEL_TRACES_EXPORTER``). No other module reads the environment (the OpenTelemetry SDK reads its
+own ``OTEL_*`` variables, such as the endpoint and the service name).
 """
 
 from __future__ import annotations
@@ -139,6 +142,19 @@ def _origins(text: str) -> str:
     return ",".join(origins)
 
 
+_EXPORTER = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def _exporters(text: str) -> str | None:
+    names = [name.strip().lower() for name in text.split(",") if name.strip()]
+    for name in names:
+        if not _EXPORTER.fullmatch(name):
+            raise ValueError(f"{name!r} is not an exporter name (console, otlp, none, ...)")
+    if "none" in names and len(names) > 1:
+        raise ValueError("none turns tracing off; it cannot be combined with other exporters")
+    return ",".join(names) or None
+
+
 def _setting(default: Any, parse: Callable[[str], Any], help: str, **extra: Any) -> Any:
     return field(default=default, metadata={"parse": parse, "help": help, **extra})
 
@@ -244,6 +260,14 @@ class Settings:
             "secret": True,
         },
     )
+    traces_exporter: str | None = _setting(
+        None,
+        _exporters,
+        "OpenTelemetry span exporters, comma-separated: console, otlp (OTLP over HTTP to "
+        "OTEL_EXPORTER_OTLP_ENDPOINT), none, or any installed exporter's entry point. Set (and not "
+        "none), it turns the tracing stage on; needs maskserve[otel].",
+        env_fallback="OTEL_TRACES_EXPORTER",
+    )
     cors_origins: str = _setting(
         "",
         _origins,
@@ -269,6 +293,12 @@ def _env_name(name: str) -> str:
     return ENV_PREFIX + name.upper()
 
 
+def env_names(f: dataclasses.Field[Any]) -> tuple[str, ...]:
+    """The environment variables a field reads, first match wins: MASKSERVE_*, then a standard one."""
+    fallback = f.metadata.get("env_fallback")
+    return (_env_name(f.name), fallback) if fallback else (_env_name(f.name),)
+
+
 def _parse(f: dataclasses.Field[Any], raw: str, origin: str) -> Any:
     try:
         return f.metadata["parse"](raw)
@@ -285,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"{ENV_PREFIX}<FLAG> from the environment (e.g. {ENV_PREFIX}PORT).",
     )
     for f in dataclasses.fields(Settings):
-        help_text = f"{f.metadata['help']} [env {_env_name(f.name)}; default {f.default!r}]"
+        help_text = f"{f.metadata['help']} [env {' or '.join(env_names(f))}; default {f.default!r}]"
         if f.metadata.get("flag_kind") == "bool":
             parser.add_argument(
                 _flag_name(f.name), dest=f.name, default=None, action=argparse.BooleanOptionalAction, help=help_text
@@ -314,19 +344,21 @@ def load_settings(
     environ = os.environ if env is None else env
     args = build_parser().parse_args(list(argv) if argv is not None else [])
     values: dict[str, Any] = {}
+    origins: dict[str, str] = {}  # the flag or variable each value came from, for error messages
     for f in dataclasses.fields(Settings):
         given = getattr(args, f.name)
         if isinstance(given, bool):
-            values[f.name] = given
+            values[f.name], origins[f.name] = given, _flag_name(f.name)
         elif given is not None:
-            values[f.name] = _parse(f, given, _flag_name(f.name))
-        elif _env_name(f.name) in environ:
-            values[f.name] = _parse(f, environ[_env_name(f.name)], _env_name(f.name))
+            values[f.name], origins[f.name] = _parse(f, given, _flag_name(f.name)), _flag_name(f.name)
+        else:
+            variable = next((name for name in env_names(f) if name in environ), None)
+            if variable is not None:
+                values[f.name], origins[f.name] = _parse(f, environ[variable], variable), variable
     settings = Settings(**values)
     for name, check in (checks or {}).items():
         try:
             check(settings)
         except ValueError as exc:
-            origin = _flag_name(name) if getattr(args, name) is not None else _env_name(name)
-            raise SettingsError(f"{origin}: {exc}") from None
+            raise SettingsError(f"{origins.get(name, _env_name(name))}: {exc}") from None
     return settings

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 from aiohttp import web
 
 from .batcher import Answer
 from .deadlines import request_deadline
-from .keys import ANSWERS_KEY, BATCHER_KEY, METRICS_KEY, MODEL_KEY, PARSER_KEY
+from .keys import ANSWERS_KEY, BATCHER_KEY, METRICS_KEY, MODEL_KEY, PARSER_KEY, TRACE_KEY
 from .schemas import shape_response
+from .traces import NO_TRACE
 
 
 def timing_headers(answers: list[Answer]) -> dict[str, str]:
@@ -23,10 +26,14 @@ async def fill_mask(request: web.Request) -> web.Response:
     """``POST /``: raw text or the Inference API's JSON in, the pipeline's JSON out."""
     deadline = request_deadline(request)
     parser = request.app[PARSER_KEY]
-    body = await request.read()
-    parsed = parser.parse(body, request.content_type)
-    queries = parser.queries(parsed, request.app[MODEL_KEY])
-    answers = await request.app[BATCHER_KEY].answer(queries, deadline)
+    trace = request.get(TRACE_KEY, NO_TRACE)
+    with trace.step("maskserve.parse"):
+        body = await request.read()
+        parsed = parser.parse(body, request.content_type)
+        queries = parser.queries(parsed, request.app[MODEL_KEY])
+    queued_ns = time.time_ns()
+    answers = await request.app[BATCHER_KEY].answer(queries, deadline, trace.link)
+    trace.served(answers, queued_ns)
     request[ANSWERS_KEY] = answers
     return web.json_response(shape_response(parsed, [a.predictions for a in answers]), headers=timing_headers(answers))
 

@@ -101,7 +101,7 @@ def names(spec: str, **settings: Any) -> tuple[str, ...]:
 
 
 def test_default_chain_is_the_builtins_in_order_with_auth_and_cors_off_until_configured() -> None:
-    assert [s.name for s in BUILTIN_STAGES] == ["metrics", "cors", "errors", "auth", "circuit_breaker"]
+    assert [s.name for s in BUILTIN_STAGES] == ["tracing", "metrics", "cors", "errors", "auth", "circuit_breaker"]
     assert names("default") == ("metrics", "errors", "circuit_breaker")
     assert names("") == names("default")
     configured = names("default", api_key=KEY, cors_origins="https://app.example.com")
@@ -116,6 +116,15 @@ def test_minus_removes_a_stage_and_plus_puts_a_builtin_back_in_its_place() -> No
         "auth",
         "circuit_breaker",
     )
+
+
+def test_tracing_is_in_the_default_chain_only_with_an_exporter_and_plus_adds_it_once() -> None:
+    assert "tracing" not in names("default", traces_exporter="none")
+    assert names("default", traces_exporter="console")[0] == "tracing"
+    assert names("default,+tracing")[0] == "tracing"
+    assert names("default,+tracing", traces_exporter="console").count("tracing") == 1
+    assert names("default,-tracing", traces_exporter="console") == ("metrics", "errors", "circuit_breaker")
+    assert names("default,-tracing") == ("metrics", "errors", "circuit_breaker")  # absent: nothing to remove
 
 
 def test_plus_puts_a_stage_that_reads_no_body_before_the_breaker_and_others_innermost() -> None:

@@ -2,16 +2,19 @@
 
 A stage is a name and a factory ``Callable[[Settings], Middleware | None]``; the chain lists
 stages outermost first. A factory may return None to stay out of the chain under these settings
-(``auth`` without ``--api-key``, ``cors`` without ``--cors-origins``).
+(``auth`` without ``--api-key``, ``cors`` without ``--cors-origins``). A middleware may carry a
+``setup_app(app)`` attribute, which ``create_app`` calls once, before the model's own lifecycle is
+added: a stage that owns resources for the app's life registers them there (``tracing`` starts
+its tracer provider with the app and flushes it after everything else has stopped).
 
 The specification, a comma-separated list read left to right into a list of stages::
 
     default         the built-in stages below, in their order
     NAME            append this stage here
     -NAME           remove this stage (it must be in the list so far)
-    +NAME           add this stage at its own slot: a built-in at its place among the built-ins;
-                    another stage just before circuit_breaker if its factory declares
-                    ``reads_body = False``, else innermost (after everything else)
+    +NAME           add this stage at its own slot, unless it is there already: a built-in at its
+                    place among the built-ins; another stage just before circuit_breaker if its
+                    factory declares ``reads_body = False``, else innermost (after everything else)
 
     NAME            a built-in name, a name in the ``maskserve.middleware`` entry-point group,
                     or an import path ``package.module:factory``
@@ -49,6 +52,9 @@ from .cors import cors_middleware, parse_origins
 from .errors import error_middleware
 from .metrics import metrics_middleware
 
+# The tracing stage's own module imports the OpenTelemetry SDK (maskserve[otel]): it is imported
+# only when the stage is on (see _tracing).
+
 MiddlewareFactory = Callable[[Settings], Middleware | None]
 ENTRY_POINT_GROUP = "maskserve.middleware"
 DEFAULT = "default"
@@ -72,6 +78,30 @@ class Stage:
     reads_body: bool = True
     # Built-ins only: the stage never raises, so it may (and must) wrap the error sanitizer.
     outside_errors: bool = False
+    # Built-ins only: None when ``default`` always includes the stage; else whether it does under
+    # these settings (tracing only when an exporter is configured). ``+NAME`` adds it regardless.
+    in_default: Callable[[Settings], bool] | None = None
+
+
+def tracing_configured(settings: Settings) -> bool:
+    """Whether --traces-exporter / OTEL_TRACES_EXPORTER turns tracing on (set, and not ``none``)."""
+    return settings.traces_exporter not in (None, "none")
+
+
+def _tracing(settings: Settings) -> Middleware:
+    try:
+        from ..tracing import exporter_factories
+        from .tracing import tracing_middleware
+    except ImportError:
+        raise ValueError("tracing needs OpenTelemetry: pip install 'maskserve[otel]'") from None
+    return tracing_middleware(exporter_factories(settings.traces_exporter))
+
+
+def check_tracing(settings: Settings) -> None:
+    """Start-up's check of --traces-exporter: when it turns tracing on, the SDK and every named
+    exporter must be installed."""
+    if tracing_configured(settings):
+        _tracing(settings)
 
 
 def _metrics(settings: Settings) -> Middleware:
@@ -98,6 +128,9 @@ def _circuit_breaker(settings: Settings) -> Middleware:
 
 # The built-in stages, outermost first: the default chain.
 BUILTIN_STAGES = (
+    # Outermost, so its HTTP span covers everything the server does for the request and sees the
+    # final status. Off unless an exporter is configured or the chain adds it; never raises.
+    Stage("tracing", _tracing, builtin=True, reads_body=False, outside_errors=True, in_default=tracing_configured),
     # Outermost, so it counts and times every response as the client got it, errors and CORS
     # preflights included; it only observes and never raises.
     Stage("metrics", _metrics, builtin=True, reads_body=False, outside_errors=True),
@@ -196,8 +229,11 @@ def _slot(stages: list[Stage], stage: Stage) -> int:
     return len(stages)
 
 
-def resolve(spec: Spec) -> tuple[Stage, ...]:
-    """The stages a specification names, in order; raises :class:`MiddlewareError` when unusable."""
+def resolve(spec: Spec, settings: Settings | None = None) -> tuple[Stage, ...]:
+    """The stages a specification names, in order; raises :class:`MiddlewareError` when unusable.
+
+    ``settings`` decides which optional built-ins ``default`` holds (none without settings).
+    """
     items: Sequence[str | MiddlewareFactory] = spec.split(",") if isinstance(spec, str) else spec
     if isinstance(spec, str) and not spec.strip():
         items = [DEFAULT]
@@ -211,15 +247,17 @@ def resolve(spec: Spec) -> tuple[Stage, ...]:
             raise _fail(raw, "an item is a stage name or a factory")
         item = raw.strip()
         if item == DEFAULT:
-            stages.extend(BUILTIN_STAGES)
+            stages.extend(s for s in BUILTIN_STAGES if s.in_default is None or (settings and s.in_default(settings)))
         elif item.startswith("-"):
             name = item[1:].strip()
-            if name not in [s.name for s in stages]:
+            # An optional built-in may be absent (tracing without an exporter): removing it is a no-op.
+            if name not in [s.name for s in stages] and not (name in BUILTINS and BUILTINS[name].in_default):
                 raise _fail(item, f"{name!r} is not in the chain before it, so it cannot be removed")
             stages = [s for s in stages if s.name != name]
         elif item.startswith("+"):
             stage = _stage(item[1:].strip())
-            stages.insert(_slot(stages, stage), stage)
+            if stage.name not in [s.name for s in stages]:
+                stages.insert(_slot(stages, stage), stage)
         elif item:
             stages.append(_stage(item))
         else:
@@ -273,7 +311,7 @@ def build_chain(spec: Spec, settings: Settings) -> Chain:
     """Resolve and check ``spec``, then build each stage from ``settings``."""
     names: list[str] = []
     middlewares: list[Middleware] = []
-    for stage in resolve(spec):
+    for stage in resolve(spec, settings):
         try:
             middleware = stage.factory(settings)
         except Exception as exc:  # the operator's factory: name it in the start-up error

@@ -33,7 +33,7 @@ from ..errors import (
     PayloadTooLarge,
     UnsupportedMediaType,
 )
-from ..keys import ERROR_KIND_KEY, REQUEST_ID_KEY
+from ..keys import ERROR_KEY, ERROR_KIND_KEY, REQUEST_ID_KEY
 
 log = logging.getLogger(__name__)
 
@@ -107,4 +107,5 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     if error.status >= 500 and not isinstance(error, InternalError):
         log.warning("%s: %s [request_id=%s]", error.kind, error.message, request_id)
     request[ERROR_KIND_KEY] = error.kind
+    request[ERROR_KEY] = error
     return error_response(error, request_id)

@@ -1,0 +1,82 @@
+"""The tracing stage (``maskserve[otel]``): each request in an OpenTelemetry trace.
+
+Off unless ``--traces-exporter`` / ``OTEL_TRACES_EXPORTER`` names an exporter, or ``--middleware``
+adds it (``default,+tracing``). The HTTP server span is opened by
+``opentelemetry-instrumentation-aiohttp-server``'s middleware, which continues an incoming W3C
+``traceparent``; inside it this stage hands the handlers their :class:`~maskserve.traces.RequestTrace`
+(``keys.TRACE_KEY``), keeps the trace id for the access log, and marks an error's kind and a
+refusal's reason on the span. It sits outermost, outside the error sanitizer: it sees every
+response as the client got it, and it raises nothing of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+from opentelemetry import trace
+
+from ..keys import BATCHER_KEY, ERROR_KEY, TRACE_ID_KEY, TRACE_KEY
+from ..tracing import ExporterFactory, Tracing, trace_id, tracer_provider
+
+# The stage's own state on the app. Declared here rather than in keys.py, which must import without
+# the OpenTelemetry SDK (an extra); nothing outside this stage reads it.
+TRACING_KEY = web.AppKey("tracing", Tracing)
+
+
+def tracing_middleware(exporters: Sequence[ExporterFactory]) -> Middleware:
+    """The stage; its ``setup_app`` starts the tracer provider with the app and flushes it at the end."""
+
+    @web.middleware
+    async def tracing(request: web.Request, handler: Handler) -> web.StreamResponse:
+        state = request.app.get(TRACING_KEY)
+        if state is None:  # the app has not started: nothing to trace into
+            return await handler(request)
+
+        async def traced(request: web.Request) -> web.StreamResponse:
+            span = trace.get_current_span()
+            request[TRACE_KEY] = state.request_trace(span)
+            found = trace_id(span)
+            if found is not None:
+                request[TRACE_ID_KEY] = found
+            response = await handler(request)
+            error = request.get(ERROR_KEY)
+            if error is not None and span.is_recording():
+                span.set_attribute("error.type", error.kind)
+                reason = getattr(error, "reason", None)
+                if reason is not None:
+                    span.set_attribute("maskserve.refusal.reason", str(reason))
+            return response
+
+        return await state.http_middleware(request, traced)
+
+    def setup_app(app: web.Application) -> None:
+        # create_app calls this before it adds the inference context, so the provider outlives
+        # the drain: the spans of requests answered while stopping are still exported.
+        app.cleanup_ctx.append(_tracing_context(exporters))
+        app.on_startup.append(_observe_batches)
+
+    tracing.setup_app = setup_app  # type: ignore[attr-defined]
+    return tracing
+
+
+def _tracing_context(
+    exporters: Sequence[ExporterFactory],
+) -> Callable[[web.Application], contextlib.AbstractAsyncContextManager[None]]:
+    @contextlib.asynccontextmanager
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        app[TRACING_KEY] = Tracing(tracer_provider([make() for make in exporters]))
+        try:
+            yield
+        finally:
+            app[TRACING_KEY].shutdown()
+
+    return context
+
+
+async def _observe_batches(app: web.Application) -> None:
+    # on_startup runs after every cleanup context has started, so the batcher exists by now.
+    batcher = app[BATCHER_KEY]
+    batcher.listeners.append(app[TRACING_KEY].observe(batcher.model))
