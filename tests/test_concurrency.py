@@ -74,7 +74,7 @@ async def test_simultaneous_requests_each_get_their_own_answer_in_shared_batches
     results = await asyncio.gather(*(ask(i) for i in range(N_REQUESTS)), bad)
 
     bad_status, bad_body, _ = results[-1]
-    assert bad_status == 422 and bad_body["error"]["kind"] == "no_mask_token"
+    assert bad_status == 422 and bad_body["error_type"] == "no_mask_token"
     for i, (status, body, _) in enumerate(results[:-1]):
         assert status == 200, (i, body)
         top_k = 5 if i % 2 else 1 + i % 7

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from maskserve.app import create_app
+from maskserve.app import SETTINGS_CHECKS, create_app
 from maskserve.engine import FillMaskEngine
 from maskserve.middleware.chain import ENTRY_POINT_GROUP
 from maskserve.settings import SettingsError, load_settings
@@ -41,7 +41,7 @@ async def serve(
     aiohttp_client: Any, engine: FillMaskEngine, argv: list[str]
 ) -> TestClient[web.Request, web.Application]:
     """The real path: flags and environment -> load_settings -> create_app -> HTTP."""
-    settings = load_settings(argv, env={"MASKSERVE_API_KEY": f"{KEY_A},{KEY_B}"})
+    settings = load_settings(argv, env={"MASKSERVE_API_KEY": f"{KEY_A},{KEY_B}"}, checks=SETTINGS_CHECKS)
     client: TestClient[web.Request, web.Application] = await aiohttp_client(create_app(settings, engine=engine))
     return client
 
@@ -58,7 +58,7 @@ async def test_the_rate_limiter_loaded_through_the_setting_limits_each_key(
         assert (await client.post("/", data=PARIS, headers=bearer(KEY_A))).status == 200
     refused = await client.post("/", data=PARIS, headers=bearer(KEY_A))
     error = await error_of(refused, 429, "rate_limited")
-    assert "quota" in error["message"]
+    assert "quota" in error["error"]
     # The next token comes in a minute: Retry-After says so, in whole seconds.
     assert 1 <= int(refused.headers["Retry-After"]) <= 60
     # Another key has its own bucket; probes are never limited.
@@ -87,7 +87,7 @@ async def test_the_installed_entry_point_loads_the_example_by_name(
 def test_a_bad_limit_stops_start_up_naming_the_stage(plugin: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RATELIMIT_BURST", "lots")
     with pytest.raises(SettingsError, match=r"'maskserve_ratelimit:factory': the factory failed .*RATELIMIT_BURST"):
-        load_settings(["--middleware", SPEC], env={})
+        load_settings(["--middleware", SPEC], env={}, checks=SETTINGS_CHECKS)
 
 
 def test_buckets_refill_at_the_rate_and_stay_bounded(plugin: ModuleType) -> None:

@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestClient
 
 from maskserve.batcher import BatchReport
 from maskserve.health import liveness, readiness
-from maskserve.keys import BATCH_LOOP_KEY, BATCHER_KEY
+from maskserve.keys import BATCH_LOOP_KEY, BATCHER_KEY, LIFECYCLE_KEY
 
 from .conftest import ClientFactory
 from .fakes import ControlledModel, wait_until_entered
@@ -142,7 +142,7 @@ async def test_readyz_turns_503_once_the_predicted_wait_exceeds_the_default_dead
         # Exactly when the breaker starts refusing requests with the default deadline.
         refused = await client.post("/", data="b [MASK]")
         assert refused.status == 503
-        assert (await refused.json())["error"]["kind"] == "overloaded"
+        assert (await refused.json())["error_type"] == "overloaded"
     finally:
         model.release()
     assert (await slow).status == 200
@@ -155,6 +155,18 @@ async def test_draining_server_is_live_but_not_ready(make_client: ClientFactory)
     assert status == 503
     assert problem_codes(body) == ["draining"]
     assert (await probe(client, "/livez"))[0] == 200
+
+
+async def test_in_the_drain_delay_readyz_fails_while_requests_are_still_answered(make_client: ClientFactory) -> None:
+    client = await make_client()
+    client.app[LIFECYCLE_KEY].start_draining()  # what the first SIGTERM does (serve.StopSignals)
+    status, body = await probe(client, "/readyz")
+    assert status == 503
+    assert problem_codes(body) == ["draining"]
+    assert (await probe(client, "/livez"))[0] == 200
+    answered = await client.post("/", data="Paris is the [MASK] of France.")
+    assert answered.status == 200
+    assert answered.headers["Connection"] == "close"  # reconnect, and be routed elsewhere
 
 
 async def test_dead_batch_loop_turns_livez_503(make_client: ClientFactory) -> None:

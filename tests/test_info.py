@@ -31,6 +31,7 @@ async def test_info_describes_model_runtime_settings_and_versions(make_client: C
     assert info["breaker"] == {
         "max_queue": 11,
         "request_timeout_s": 2.5,
+        "drain_delay_s": 0.0,
         "drain_timeout_s": 10.0,
         "stall_timeout_s": 45.0,
     }

@@ -11,36 +11,36 @@ from aiohttp import ClientResponse
 
 from .conftest import ClientFactory
 from .fakes import ControlledModel, EchoModel
+from .middleware.test_errors import DETAIL_KEYS
 
 OK = "paris is the [MASK] of france."
 
 
-async def error_of(response: ClientResponse, status: int) -> dict[str, str]:
+async def error_of(response: ClientResponse, status: int) -> dict[str, Any]:
     assert response.status == status, await response.text()
     body: dict[str, Any] = await response.json()
-    assert set(body["error"]) == {"kind", "message", "request_id"}
-    error: dict[str, str] = body["error"]
-    return error
+    assert {"error", "error_type", "request_id"} <= set(body) <= {"error", "error_type", "request_id", *DETAIL_KEYS}
+    return body
 
 
 async def test_a_body_over_max_body_bytes_is_413(make_client: ClientFactory) -> None:
     client = await make_client(engine=EchoModel(), max_body_bytes=1000)
     error = await error_of(await client.post("/", data=b"a [MASK] " * 200), 413)
-    assert error["kind"] == "payload_too_large"
+    assert error["error_type"] == "payload_too_large"
     assert (await client.post("/", data=b"a [MASK] " * 100)).status == 200
 
 
 async def test_a_text_over_max_text_chars_is_422_text_too_long(make_client: ClientFactory) -> None:
     client = await make_client(engine=EchoModel(), max_text_chars=50)
     error = await error_of(await client.post("/", data="[MASK] " + "x" * 60), 422)
-    assert error["kind"] == "text_too_long"
-    assert "the limit is 50" in error["message"]
+    assert error["error_type"] == "text_too_long"
+    assert "the limit is 50" in error["error"]
 
 
 async def test_a_text_over_the_models_token_limit_is_422_text_too_long(make_client: ClientFactory) -> None:
     client = await make_client()  # tiny BERT: its own max_tokens, well under max_text_chars
     error = await error_of(await client.post("/", data="[MASK] " + "word " * 1500), 422)
-    assert error["kind"] == "text_too_long" and "tokens" in error["message"]
+    assert error["error_type"] == "text_too_long" and "tokens" in error["error"]
 
 
 @pytest.mark.parametrize(
@@ -59,8 +59,35 @@ async def test_counts_and_ranges_over_their_limit_are_422_naming_the_field(
 ) -> None:
     client = await make_client(engine=EchoModel(), max_inputs=4, max_targets=3, max_top_k=10)
     error = await error_of(await client.post("/", json=body), 422)
-    assert error["kind"] == "invalid_input"
-    assert named in error["message"]
+    assert error["error_type"] == "invalid_input"
+    assert named in error["error"]
+    assert error["field"] == named.split()[0]  # the same path, for programs
+
+
+@pytest.mark.parametrize(
+    ("request_kwargs", "field"),
+    [
+        ({"data": "no mask here"}, "inputs"),  # a raw-text body is the inputs
+        ({"json": {"inputs": [OK, "   "]}}, "inputs[1]"),
+        ({"json": {"inputs": [OK, "no mask"]}}, "inputs[1]"),
+        ({"json": {"inputs": OK, "parameters": {"targets": [""]}}}, "parameters.targets"),
+        ({"json": {"parameters": {}}}, "inputs"),
+        ({"json": {"inputs": OK}, "headers": {"X-Request-Timeout": "soon"}}, "X-Request-Timeout"),
+    ],
+)
+async def test_a_4xx_about_one_part_of_the_request_names_it_in_field(
+    make_client: ClientFactory, request_kwargs: dict[str, Any], field: str
+) -> None:
+    client = await make_client(engine=EchoModel())
+    response = await client.post("/", **request_kwargs)
+    assert 400 <= response.status < 500
+    assert (await error_of(response, response.status))["field"] == field
+
+
+async def test_an_error_about_the_whole_body_names_no_field(make_client: ClientFactory) -> None:
+    client = await make_client(engine=EchoModel())
+    error = await error_of(await client.post("/", data=b"{", headers={"Content-Type": "application/json"}), 400)
+    assert error["error_type"] == "invalid_body" and "field" not in error
 
 
 async def test_lists_at_their_limits_are_accepted(make_client: ClientFactory) -> None:
@@ -74,14 +101,14 @@ async def test_json_nested_past_32_levels_is_400_at_any_depth(make_client: Clien
     client = await make_client(engine=EchoModel())
     body = '{"inputs": "a [MASK]", "options": ' + "[" * depth + "]" * depth + "}"
     error = await error_of(await client.post("/", data=body, headers={"Content-Type": "application/json"}), 400)
-    assert error["kind"] == "invalid_body" and "nested too deeply" in error["message"]
+    assert error["error_type"] == "invalid_body" and "nested too deeply" in error["error"]
 
 
 async def test_an_integer_past_pythons_digit_limit_is_400_not_a_crash(make_client: ClientFactory) -> None:
     client = await make_client(engine=EchoModel())
     body = '{"inputs": "a [MASK]", "parameters": {"top_k": ' + "9" * 5000 + "}}"
     error = await error_of(await client.post("/", data=body, headers={"Content-Type": "application/json"}), 400)
-    assert error["kind"] == "invalid_body"
+    assert error["error_type"] == "invalid_body"
 
 
 async def test_a_huge_list_is_refused_without_validating_every_item(make_client: ClientFactory) -> None:
@@ -90,7 +117,7 @@ async def test_a_huge_list_is_refused_without_validating_every_item(make_client:
     body = json.dumps({"inputs": [1] * 300_000})
     response = await client.post("/", data=io.BytesIO(body.encode()), headers={"Content-Type": "application/json"})
     error = await error_of(response, 422)
-    assert error["message"] == "inputs holds more than 64 items"
+    assert error["error"] == "inputs holds more than 64 items"
 
 
 async def test_a_hundred_thousand_unknown_fields_are_named_three_at_most(make_client: ClientFactory) -> None:
@@ -99,7 +126,7 @@ async def test_a_hundred_thousand_unknown_fields_are_named_three_at_most(make_cl
     # A large body as a stream, as aiohttp's client asks.
     response = await client.post("/", data=io.BytesIO(body.encode()), headers={"Content-Type": "application/json"})
     error = await error_of(response, 422)
-    assert error["message"] == 'body: unknown fields "field0", "field1", "field2" and 99997 more'
+    assert error["error"] == 'body: unknown fields "field0", "field1", "field2" and 99997 more'
 
 
 @pytest.mark.parametrize(
@@ -110,9 +137,9 @@ async def test_no_request_can_name_a_model_or_a_file(make_client: ClientFactory,
     model = ControlledModel()
     client = await make_client(engine=model)
     error = await error_of(await client.post("/", json={"inputs": OK, **extra}), 422)
-    assert error["kind"] == "invalid_input"
+    assert error["error_type"] == "invalid_input"
     (name,) = extra
-    assert f'unknown field "{name}"' in error["message"]
+    assert f'unknown field "{name}"' in error["error"]
     assert model.batches == []  # refused before anything was queued
     for key in ("parameters", "options"):
         response = await client.post("/", json={"inputs": OK, key: extra})
@@ -141,7 +168,7 @@ async def test_path_traversal_and_unknown_files_are_404_in_the_error_shape(
     client = await make_client(engine=EchoModel())
     response = await client.get(path)
     error = await error_of(response, 404)
-    assert error["kind"] == "not_found"
+    assert error["error_type"] == "not_found"
     assert error["request_id"] == response.headers["X-Request-Id"]
 
 

@@ -19,6 +19,7 @@ from referencing.jsonschema import DRAFT202012
 from maskserve.engine import FillMaskEngine
 from maskserve.keys import BATCHER_KEY, PARSER_KEY
 from maskserve.openapi import openapi_document
+from maskserve.routes import ROUTE_ROLES
 from maskserve.schemas import request_schema
 from maskserve.settings import Settings
 
@@ -130,7 +131,7 @@ async def wait_for_depth(client: Client, depth: int) -> None:
 
 
 def test_document_is_valid_openapi_3_1() -> None:
-    document = openapi_document(Settings())
+    document = openapi_document(Settings(), ROUTE_ROLES)
     validate_openapi(document)
     assert document["openapi"].startswith("3.1")
     for schema in document["components"]["schemas"].values():

@@ -12,6 +12,8 @@ from pathlib import Path
 from maskserve import errors
 from maskserve.settings import ENV_PREFIX, Settings
 
+from .test_layers import layer_table
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 HEADERS = ("X-Request-Id", "X-Queue-Time-Ms", "X-Inference-Time-Ms", "X-Batch-Size", "X-Request-Timeout")
 
@@ -85,6 +87,10 @@ def test_error_kinds_table_matches_the_error_tree() -> None:
     assert between("error-kinds") == error_table(), "rewrite them: python -m tests.test_readme"
 
 
+def test_layer_table_matches_the_package_docstring() -> None:
+    assert between("layers") == layer_table(), "rewrite them: python -m tests.test_readme"
+
+
 def test_every_error_kind_is_distinct() -> None:
     kinds = [cls.kind for cls in error_classes()]
     assert len(kinds) == len(set(kinds))
@@ -99,7 +105,8 @@ def test_api_section_documents_every_header() -> None:
 def write_tables() -> None:
     """Replace the generated blocks of README.md, leaving every other line as it is."""
     text = README.read_text(encoding="utf-8")
-    for marker, table in (("settings-table", settings_table()), ("error-kinds", error_table())):
+    tables = (("settings-table", settings_table()), ("error-kinds", error_table()), ("layers", layer_table()))
+    for marker, table in tables:
         block = re.compile(rf"(<!-- {marker} -->\n).*?(\n<!-- /{marker} -->)", re.S)
         assert block.search(text), f"README.md lacks the <!-- {marker} --> block"
         text = block.sub(lambda m, t=table: m.group(1) + t + m.group(2), text, count=1)

@@ -24,15 +24,17 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from maskserve.app import create_app
 from maskserve.engine import FillMaskEngine
 from maskserve.openapi import ROUTE_NAMES, openapi_document
+from maskserve.routes import ROUTE_ROLES
 from maskserve.settings import Settings
 
 from .live_server import serve_in_thread
+from .middleware.test_errors import DETAIL_KEYS
 from .test_fuzz import EXAMPLES, EXCEPTION_NAME, LEAK_MARKERS
 
 pytestmark = pytest.mark.fuzz
 
 SETTINGS = Settings(max_body_bytes=64 * 1024, max_text_chars=2000, max_inputs=8, max_top_k=20, max_targets=8)
-DOCUMENT = openapi_document(SETTINGS)
+DOCUMENT = openapi_document(SETTINGS, ROUTE_ROLES)
 SENT: Counter[int] = Counter()
 
 
@@ -70,8 +72,11 @@ def sanitized(ctx: CheckContext, response: Response, case: Case) -> bool | None:
     for name in EXCEPTION_NAME.findall(text):
         assert name in sent, f"exception name {name!r} in a {response.status_code} answer"
     if response.status_code >= 400 and response.headers.get("content-type", [""])[0].startswith("application/json"):
-        error = json.loads(text)["error"]
-        assert set(error) == {"kind", "message", "request_id"}, error
+        error = json.loads(text)
+        assert (
+            {"error", "error_type", "request_id"} <= set(error) <= {"error", "error_type", "request_id", *DETAIL_KEYS}
+        )
+        assert isinstance(error["error"], str), error
     return None
 
 

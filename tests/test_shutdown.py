@@ -32,7 +32,7 @@ async def test_shutdown_finishes_accepted_requests_and_refuses_new_ones(make_cli
     await asyncio.sleep(0.05)
     refused = await client.post("/", data="new [MASK]")
     assert refused.status == 503
-    assert (await refused.json())["error"]["kind"] == "shutting_down"
+    assert (await refused.json())["error_type"] == "shutting_down"
     assert "Retry-After" in refused.headers
     model.release()
     await shutdown
@@ -84,7 +84,7 @@ async def test_sigterm_with_requests_in_flight_answers_them_all_then_exits_0() -
                 async with session.post(url, data=text) as response:
                     if response.status == 200:
                         return "ok"
-                    return str((await response.json())["error"]["kind"])
+                    return str((await response.json())["error_type"])
 
             tasks = [asyncio.create_task(ask(t)) for t in texts]
             await asyncio.sleep(0.3)  # let every request reach its handler

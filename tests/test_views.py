@@ -114,8 +114,8 @@ async def test_roberta_model_fills_its_own_mask(make_client: ClientFactory, robe
     assert_same_answers(body, direct(roberta_engine, text, 3)[0])
     response = await client.post("/", data=PARIS.encode())
     assert response.status == 422
-    error = (await response.json())["error"]
-    assert error["kind"] == "no_mask_token" and "<mask>" in error["message"]
+    error = await response.json()
+    assert error["error_type"] == "no_mask_token" and "<mask>" in error["error"]
 
 
 async def test_bad_inputs_answer_their_status_and_kind(make_client: ClientFactory) -> None:
@@ -135,8 +135,8 @@ async def test_bad_inputs_answer_their_status_and_kind(make_client: ClientFactor
         response = await client.post("/", **kwargs)
         assert response.status == status, kwargs
         body = await response.json()
-        assert body["error"]["kind"] == kind, kwargs
-        assert body["error"]["request_id"] == response.headers["X-Request-Id"]
+        assert body["error_type"] == kind, kwargs
+        assert body["request_id"] == response.headers["X-Request-Id"]
     # The server kept serving through all of them.
     assert (await client.post("/", data=PARIS.encode())).status == 200
 
@@ -145,7 +145,7 @@ async def test_text_over_the_limit_is_422(make_client: ClientFactory) -> None:
     client = await make_client(max_text_chars=20)
     response = await client.post("/", data=PARIS.encode())
     assert response.status == 422
-    assert (await response.json())["error"]["kind"] == "text_too_long"
+    assert (await response.json())["error_type"] == "text_too_long"
 
 
 def as_dicts(elements: list[Any]) -> list[dict[str, Any]]:

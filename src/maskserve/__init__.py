@@ -1,4 +1,27 @@
-"""maskserve: serve a Hugging Face fill-mask model over HTTP."""
+"""maskserve: serve a Hugging Face fill-mask model over HTTP.
+
+The package is layered, top first. A module imports only from its own layer or below, so a
+request's path reads top to bottom and a change to a low layer never reaches up. ``a | b`` are
+independent siblings that never import each other; ``a : b`` are siblings that may. The
+import-linter contracts in setup.cfg (``tox -e style``) hold the code to this table, and
+``tests/test_layers.py`` holds the contracts and the README's Architecture section to it.
+
+    layer                                                 job
+    __main__                                              the entry point: argv + env -> settings -> model -> serve
+    serve                                                 run an app: listen, follow stop signals, drain, stop
+    app                                                   create_app(): shared state, lifecycle, middlewares, routes
+    routes                                                every route in one table, and the roles the stages read
+    views : page : health : info : openapi                the handlers: API, demo page, probes, /info, /openapi.json
+    middleware                                            the stages around every handler, one per file, and the chain
+    keys : deadlines : schemas : logs                     HTTP building blocks: typed keys, deadlines, parsing, logs
+    metrics                                               the Prometheus registry, fed by the batcher and a stage
+    breaker                                               admission at the door: queue bound, predicted wait
+    batcher | engine                                      the queue and batch loop (asyncio) | the model (torch)
+    settings | errors | model_api | packing | lifecycle   plain data: knobs, errors, model protocol, phase
+
+aiohttp is imported from the building blocks up, never below them; only the engine imports torch
+(``app.load_model`` reaches it lazily, so no HTTP module ever does).
+"""
 
 from __future__ import annotations
 

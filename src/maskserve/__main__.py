@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 from collections.abc import Sequence
 
-from aiohttp import web
-
-from .app import create_app, load_model
-from .logs import AccessLogger, configure_logging
+from .app import SETTINGS_CHECKS, create_app, load_model
+from .logs import configure_logging
+from .serve import serve
 from .settings import SettingsError, load_settings
 
 log = logging.getLogger("maskserve")
@@ -17,7 +17,7 @@ log = logging.getLogger("maskserve")
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        settings = load_settings(sys.argv[1:] if argv is None else argv)
+        settings = load_settings(sys.argv[1:] if argv is None else argv, checks=SETTINGS_CHECKS)
     except SettingsError as exc:
         print(f"maskserve: {exc}", file=sys.stderr)
         return 2
@@ -34,18 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     app = create_app(settings, engine=model)
     log.info("serving %s on http://%s:%d/", model.name, settings.host, settings.port)
     try:
-        web.run_app(
-            app,
-            host=settings.host,
-            port=settings.port,
-            # Cancel a handler when its client disconnects, so its queued texts are dropped unrun.
-            handler_cancellation=True,
-            # Handlers finish within the drain budget (see app.drain_on_shutdown); then a margin.
-            shutdown_timeout=settings.drain_timeout + 1.0,
-            access_log_class=AccessLogger,
-            access_log=logging.getLogger("maskserve.access"),
-            print=None,
-        )
+        asyncio.run(serve(app))
     except OSError as exc:
         # Port taken, address not on this machine, no permission: the operator's to fix, and a
         # traceback would only hide the one line that says so.

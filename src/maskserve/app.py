@@ -19,21 +19,29 @@ from .keys import (
     BATCH_LOOP_KEY,
     BATCHER_KEY,
     BREAKER_KEY,
+    LIFECYCLE_KEY,
     METRICS_KEY,
     MIDDLEWARE_CHAIN_KEY,
     MODEL_KEY,
     PARSER_KEY,
     SETTINGS_KEY,
 )
+from .lifecycle import Lifecycle
 from .metrics import Metrics
+from .middleware import chain
 from .middleware.chain import Spec, build_chain
 from .model_api import FillMaskModel
 from .page import security_headers
 from .routes import setup_routes
 from .schemas import Limits, RequestParser
-from .settings import Settings
+from .settings import Settings, SettingsCheck
 
 log = logging.getLogger(__name__)
+
+# What start-up checks beyond each value's own parsing, before a model loads or a port opens:
+# ``load_settings(argv, checks=SETTINGS_CHECKS)``. Each check belongs to the layer that uses the
+# setting and is handed down from here, so the settings never import what sits above them.
+SETTINGS_CHECKS: dict[str, SettingsCheck] = {"middleware": chain.check_setting}
 
 
 def load_model(settings: Settings) -> FillMaskModel:
@@ -103,8 +111,22 @@ def inference_context(
     return context
 
 
+async def close_connections_while_draining(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: once draining, every response asks its client to reconnect.
+
+    The next request of a keep-alive client then opens a new connection, which the load balancer
+    sends elsewhere, instead of racing the listener's close on this one.
+    """
+    if request.app[LIFECYCLE_KEY].draining:
+        response.force_close()
+        # aiohttp has already written its keep-alive decision into the headers by now.
+        response.headers["Connection"] = "close"
+
+
 async def drain_on_shutdown(app: web.Application) -> None:
-    """SIGTERM/SIGINT: refuse new work, finish what was accepted within the drain budget."""
+    """The listener has closed (after the drain delay): refuse new work, finish what was accepted
+    within the drain budget."""
+    app[LIFECYCLE_KEY].start_draining()  # for an app stopped without the runner's signals
     batcher = app[BATCHER_KEY]
     batcher.close()
     settings = app[SETTINGS_KEY]
@@ -134,6 +156,7 @@ def create_app(
     app[MIDDLEWARE_CHAIN_KEY] = chain.names
     app[PARSER_KEY] = RequestParser(request_limits(settings))
     app[METRICS_KEY] = Metrics()
+    app[LIFECYCLE_KEY] = Lifecycle()
     app.cleanup_ctx.append(inference_context(engine))
     app.on_shutdown.append(drain_on_shutdown)
     # The demo page's templates, from the package; autoescape on, and a missing variable is an
@@ -146,5 +169,6 @@ def create_app(
     )
     # CSP on HTML, nosniff and Referrer-Policy everywhere (static files and errors included).
     app.on_response_prepare.append(security_headers)
+    app.on_response_prepare.append(close_connections_while_draining)
     setup_routes(app)
     return app

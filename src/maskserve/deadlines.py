@@ -22,7 +22,7 @@ def parse_timeout(header: str | None, default: float) -> float:
     except ValueError:
         value = math.nan
     if not (value > 0 and math.isfinite(value)):
-        raise InvalidHeader(f"{TIMEOUT_HEADER} must be a positive number of seconds, like 2.5")
+        raise InvalidHeader(f"{TIMEOUT_HEADER} must be a positive number of seconds, like 2.5", field=TIMEOUT_HEADER)
     return min(value, default)
 
 

@@ -1,8 +1,11 @@
 """The errors a client can see: each carries its HTTP status, a stable ``kind`` and a public message.
 
-The error middleware renders every one of them as
-``{"error": {"kind": ..., "message": ..., "request_id": ...}}``; anything else raised while
-serving becomes a fixed :class:`InternalError` and its details go to the log only.
+The error middleware renders every one of them in the Hugging Face Inference API's convention,
+which TGI and TEI share and the official clients read (``huggingface_hub``, ``@huggingface/inference``):
+``{"error": <message>, "error_type": <kind>, "request_id": ..., <details>...}``, where the details
+(:meth:`MaskserveError.details`: ``retry_after``, the offending ``field``) are further top-level
+keys. Anything else raised while serving becomes a fixed :class:`InternalError` and its details go
+to the log only.
 
     MaskserveError                      500 internal
     ├── ClientError                     400 bad_request
@@ -39,11 +42,17 @@ def retry_after_seconds(seconds: float) -> str:
     return str(max(1, int(-(-seconds // 1))))
 
 
+Details = dict[str, str | int]
+
+
 class MaskserveError(Exception):
     """Base of every error a client may see. Never raised itself."""
 
     status: int = 500
     kind: str = "internal"
+    # Seconds after which a retry may succeed, on the errors that say so (429, 503): sent as the
+    # Retry-After header and, for clients that read only the body, as ``retry_after``.
+    retry_after: float | None = None
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -51,7 +60,11 @@ class MaskserveError(Exception):
 
     def headers(self) -> dict[str, str]:
         """Extra response headers this error needs."""
-        return {}
+        return {} if self.retry_after is None else {"Retry-After": retry_after_seconds(self.retry_after)}
+
+    def details(self) -> Details:
+        """Structured facts a program can act on, sent beside the message (never internals)."""
+        return {} if self.retry_after is None else {"retry_after": int(retry_after_seconds(self.retry_after))}
 
 
 class ClientError(MaskserveError):
@@ -59,6 +72,15 @@ class ClientError(MaskserveError):
 
     status = 400
     kind = "bad_request"
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        # What in the request was wrong: a JSON path (``parameters.top_k``, ``inputs[2]``), a form
+        # field or a header name. None when the message is about the request as a whole.
+        self.field = field
+
+    def details(self) -> Details:
+        return {**super().details(), "field": self.field} if self.field else super().details()
 
 
 class InvalidBody(ClientError):
@@ -153,9 +175,6 @@ class RateLimited(ClientError):
         super().__init__(message)
         self.retry_after = retry_after
 
-    def headers(self) -> dict[str, str]:
-        return {"Retry-After": retry_after_seconds(self.retry_after)}
-
 
 class ServiceUnavailable(MaskserveError):
     """The server cannot take this request now; retrying after ``Retry-After`` may succeed."""
@@ -166,9 +185,6 @@ class ServiceUnavailable(MaskserveError):
     def __init__(self, message: str, retry_after: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after = retry_after
-
-    def headers(self) -> dict[str, str]:
-        return {"Retry-After": retry_after_seconds(self.retry_after)}
 
 
 class Overloaded(ServiceUnavailable):

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from .batcher import Batcher
-from .keys import BATCH_LOOP_KEY, BATCHER_KEY, ERROR_KIND_KEY, SETTINGS_KEY
+from .keys import BATCH_LOOP_KEY, BATCHER_KEY, ERROR_KIND_KEY, LIFECYCLE_KEY, SETTINGS_KEY
+from .lifecycle import Lifecycle
 
 
 @dataclass(frozen=True)
@@ -80,8 +81,10 @@ def liveness(batcher: Batcher | None, batch_loop: asyncio.Task[None] | None, sta
     )
 
 
-def readiness(batcher: Batcher | None, live: Health, request_timeout: float) -> Health:
-    """Ready when the model is loaded, intake is open and a new request would be admitted now.
+def readiness(
+    batcher: Batcher | None, live: Health, request_timeout: float, lifecycle: Lifecycle | None = None
+) -> Health:
+    """Ready when the model is loaded, the server is not draining and a new request would be admitted now.
 
     The admission test is the circuit breaker's, for a request with the default deadline
     (``request_timeout``): the predicted wait for one more text must fit in it, and the queue
@@ -92,6 +95,9 @@ def readiness(batcher: Batcher | None, live: Health, request_timeout: float) -> 
     problems = list(live.problems)
     if batcher.closed:
         problems.append(Problem("draining", "the server is shutting down and accepts no new work"))
+    elif lifecycle is not None and lifecycle.draining:
+        # Still answering (the drain delay): this probe failing is what tells balancers to stop.
+        problems.append(Problem("draining", "the server is shutting down; send new work elsewhere"))
     if batcher.is_full():
         problems.append(
             Problem("queue_full", f"the queue is full ({batcher.depth} of {batcher.limits.max_queue} texts)")
@@ -140,5 +146,5 @@ async def livez(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     """``GET /readyz``: 200 when a new request would be accepted now, else 503 saying why."""
     app = request.app
-    health = readiness(app.get(BATCHER_KEY), _live(app), app[SETTINGS_KEY].request_timeout)
+    health = readiness(app.get(BATCHER_KEY), _live(app), app[SETTINGS_KEY].request_timeout, app[LIFECYCLE_KEY])
     return _probe_response(request, health, "not_ready")

@@ -57,6 +57,7 @@ def server_info(
         "breaker": {
             "max_queue": settings.max_queue,
             "request_timeout_s": settings.request_timeout,
+            "drain_delay_s": settings.drain_delay,
             "drain_timeout_s": settings.drain_timeout,
             "stall_timeout_s": settings.stall_timeout,
         },

@@ -3,17 +3,36 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 from aiohttp import web
 
 from .batcher import Answer, Batcher
 from .breaker import CircuitBreaker
+from .lifecycle import Lifecycle
 from .metrics import Metrics
 from .model_api import FillMaskModel
 from .schemas import RequestParser
 from .settings import Settings
 
+
+@dataclass(frozen=True)
+class RouteRoles:
+    """What the route table (routes.py) says of its routes, for the stages that treat some apart.
+
+    Handed down on the app's state, so no middleware imports the module that wires the app.
+    """
+
+    # Route names that queue work for the model: the circuit breaker may refuse these, and only these.
+    inference: frozenset[str] = frozenset()
+    # Route names answered without an API key (probes, the demo page's GETs).
+    public: frozenset[str] = frozenset()
+
+
 SETTINGS_KEY = web.AppKey("settings", Settings)
+ROUTE_ROLES_KEY = web.AppKey("route_roles", RouteRoles)
+# Draining or not: set by the runner on a stop signal, read by /readyz and every response.
+LIFECYCLE_KEY = web.AppKey("lifecycle", Lifecycle)
 MODEL_KEY = web.AppKey("model", FillMaskModel)
 BATCHER_KEY = web.AppKey("batcher", Batcher)
 PARSER_KEY = web.AppKey("parser", RequestParser)

@@ -15,8 +15,7 @@ from aiohttp import web
 from . import __version__
 from .deadlines import TIMEOUT_HEADER
 from .errors import MaskserveError
-from .keys import MODEL_KEY, SETTINGS_KEY
-from .middleware.auth import OPEN_ROUTES
+from .keys import MODEL_KEY, ROUTE_ROLES_KEY, SETTINGS_KEY, RouteRoles
 from .middleware.errors import REQUEST_ID_HEADER
 from .schemas import Limits, request_schema
 from .settings import Settings
@@ -29,8 +28,8 @@ PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 
 Schema = dict[str, Any]
 
-# Each documented operation's route name in routes.py: its operationId, and how the auth stage
-# knows it (``OPEN_ROUTES``).
+# Each documented operation's route name in routes.py: its operationId, and how the route table's
+# roles (which need no key) name it.
 ROUTE_NAMES = {
     ("post", "/"): "fill_mask",
     ("get", "/"): "index",
@@ -90,20 +89,27 @@ def _schemas(limits: Limits) -> dict[str, Schema]:
             ],
         },
         "Error": {
+            "description": (
+                "The Hugging Face Inference API's error shape (TGI and TEI use it too), which the "
+                "official clients read: `error` is the message for people, `error_type` the stable "
+                "kind for programs; the other keys are maskserve's details."
+            ),
             "type": "object",
-            "required": ["error"],
+            "required": ["error", "error_type", "request_id"],
             "additionalProperties": False,
             "properties": {
-                "error": {
-                    "type": "object",
-                    "required": ["kind", "message", "request_id"],
-                    "additionalProperties": False,
-                    "properties": {
-                        "kind": {"type": "string", "enum": error_kinds()},
-                        "message": {"type": "string"},
-                        "request_id": {"type": "string", "minLength": 1},
-                    },
-                }
+                "error": {"type": "string", "minLength": 1},
+                "error_type": {"type": "string", "enum": error_kinds()},
+                "request_id": {"type": "string", "minLength": 1},
+                "retry_after": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "On 429 and 503: the Retry-After header's seconds.",
+                },
+                "field": {
+                    "type": "string",
+                    "description": "On a 4xx about one part of the request: its JSON path, form field or header.",
+                },
             },
         },
         "Health": {
@@ -277,7 +283,7 @@ def _demo(settings: Settings) -> Schema:
     }
 
 
-def openapi_document(settings: Settings, mask_token: str = "[MASK]") -> dict[str, Any]:
+def openapi_document(settings: Settings, roles: RouteRoles, mask_token: str = "[MASK]") -> dict[str, Any]:
     """The OpenAPI 3.1 document of this server, with ``settings``' limits."""
     limits = Limits(
         max_text_chars=settings.max_text_chars,
@@ -381,7 +387,7 @@ def openapi_document(settings: Settings, mask_token: str = "[MASK]") -> dict[str
     for path, item in document["paths"].items():
         for method, operation in item.items():
             operation["operationId"] = ROUTE_NAMES[method, path]
-            if settings.api_key and operation["operationId"] not in OPEN_ROUTES:
+            if settings.api_key and operation["operationId"] not in roles.public:
                 operation["security"] = [{"bearer": []}]
                 operation["responses"]["401"] = _error(
                     "No valid key: send `Authorization: Bearer <key>`.",
@@ -396,6 +402,9 @@ def openapi_document(settings: Settings, mask_token: str = "[MASK]") -> dict[str
 
 async def openapi(request: web.Request) -> web.Response:
     """``GET /openapi.json``: the document, with this server's limits and its model's mask token."""
-    model = request.app.get(MODEL_KEY)
-    document = openapi_document(request.app[SETTINGS_KEY], model.mask_token if model is not None else "[MASK]")
+    app = request.app
+    model = app.get(MODEL_KEY)
+    document = openapi_document(
+        app[SETTINGS_KEY], app[ROUTE_ROLES_KEY], model.mask_token if model is not None else "[MASK]"
+    )
     return web.json_response(document)

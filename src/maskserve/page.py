@@ -227,7 +227,7 @@ def parse_top_k(raw: str, limits: Limits) -> int:
     except ValueError:
         value = 0
     if not 1 <= value <= limits.max_top_k:
-        raise BadTopK(f"the number of guesses must be a whole number from 1 to {limits.max_top_k}")
+        raise BadTopK(f"the number of guesses must be a whole number from 1 to {limits.max_top_k}", field="top_k")
     return value
 
 

@@ -5,10 +5,17 @@ from __future__ import annotations
 from aiohttp import web
 
 from . import health, info, openapi, page, views
+from .keys import ROUTE_ROLES_KEY, RouteRoles
 
-# Routes that queue work for the model: the circuit breaker may refuse these, and only these.
-# Health, metrics, info and the demo page's GET are never shed.
-INFERENCE_ROUTES = frozenset({"fill_mask"})
+ROUTE_ROLES = RouteRoles(
+    # Routes that queue work for the model: the circuit breaker may refuse these, and only these.
+    # Health, metrics, info and the demo page's GET are never shed; POST /demo consults the
+    # breaker itself, to show a refusal inline.
+    inference=frozenset({"fill_mask"}),
+    # Open without an API key: probes (they cannot be expected to hold secrets) and the demo
+    # page's GETs, which run nothing. Unknown paths need the key, so the routes cannot be mapped.
+    public=frozenset({"livez", "readyz", "index", "static", "demo_redirect"}),
+)
 
 
 def setup_routes(app: web.Application) -> None:
@@ -31,3 +38,4 @@ def setup_routes(app: web.Application) -> None:
             web.get("/openapi.json", openapi.openapi, name="openapi"),
         ]
     )
+    app[ROUTE_ROLES_KEY] = ROUTE_ROLES

@@ -99,9 +99,14 @@ def json_depth(document: Any, limit: int) -> int:
     return deepest
 
 
-def _describe(error: jsonschema.ValidationError) -> str:
+def _describe(error: jsonschema.ValidationError) -> InvalidInput:
     where = "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path) or "body"
     where = where.lstrip(".")
+    field = "inputs" if error.validator == "required" else None if where == "body" else where
+    return InvalidInput(_message(error, where), field=field)
+
+
+def _message(error: jsonschema.ValidationError, where: str) -> str:
     validator = error.validator
     if validator == "additionalProperties":
         # Named from the instance, a few at most: a body of 100,000 unknown keys must not be
@@ -157,7 +162,7 @@ class RequestParser:
         self._check_list_lengths(document)
         error = jsonschema.exceptions.best_match(self._validator.iter_errors(document))
         if error is not None:
-            raise InvalidInput(_describe(error))
+            raise _describe(error)
         inputs = document["inputs"]
         parameters = document.get("parameters") or {}
         targets = parameters.get("targets")
@@ -176,21 +181,25 @@ class RequestParser:
             return
         inputs = document.get("inputs")
         if isinstance(inputs, list) and len(inputs) > self.limits.max_inputs:
-            raise InvalidInput(f"inputs holds more than {self.limits.max_inputs} items")
+            raise InvalidInput(f"inputs holds more than {self.limits.max_inputs} items", field="inputs")
         parameters = document.get("parameters")
         targets = parameters.get("targets") if isinstance(parameters, dict) else None
         if isinstance(targets, list) and len(targets) > self.limits.max_targets:
-            raise InvalidInput(f"parameters.targets holds more than {self.limits.max_targets} items")
+            raise InvalidInput(
+                f"parameters.targets holds more than {self.limits.max_targets} items", field="parameters.targets"
+            )
 
     def queries(self, request: FillMaskRequest, model: FillMaskModel) -> list[Query]:
         """Tokenize and check every text; one :class:`Query` per text, or the first problem."""
         target_ids: tuple[int, ...] | None = None
         if request.targets is not None:
             if any(not t.strip() for t in request.targets):
-                raise InvalidInput("parameters.targets must not contain empty strings")
+                raise InvalidInput("parameters.targets must not contain empty strings", field="parameters.targets")
             target_ids = model.resolve_targets(request.targets)
             if not target_ids:
-                raise InvalidInput("none of parameters.targets is in the model's vocabulary")
+                raise InvalidInput(
+                    "none of parameters.targets is in the model's vocabulary", field="parameters.targets"
+                )
         many = len(request.texts) > 1
         return [
             self._query(text, index if many else None, request.top_k, target_ids, model)
@@ -201,17 +210,25 @@ class RequestParser:
         self, text: str, index: int | None, top_k: int, target_ids: tuple[int, ...] | None, model: FillMaskModel
     ) -> Query:
         where = "the text" if index is None else f"inputs[{index}]"
+        # A raw-text body is the Inference API's "inputs" itself.
+        field = "inputs" if index is None else where
         if not text.strip():
-            raise InvalidInput(f"{where} is empty; send a sentence with {model.mask_token} in it")
+            raise InvalidInput(f"{where} is empty; send a sentence with {model.mask_token} in it", field=field)
         if len(text) > self.limits.max_text_chars:
-            raise TextTooLong(f"{where} has {len(text)} characters; the limit is {self.limits.max_text_chars}")
+            raise TextTooLong(
+                f"{where} has {len(text)} characters; the limit is {self.limits.max_text_chars}", field=field
+            )
         if model.mask_token not in text:
-            raise NoMaskToken(f"{where} holds no mask token; put {model.mask_token} where a word should be filled in")
+            raise NoMaskToken(
+                f"{where} holds no mask token; put {model.mask_token} where a word should be filled in", field=field
+            )
         input_ids = model.encode(text)
         if len(input_ids) > model.max_tokens:
-            raise TextTooLong(f"{where} has {len(input_ids)} tokens; this model reads at most {model.max_tokens}")
+            raise TextTooLong(
+                f"{where} has {len(input_ids)} tokens; this model reads at most {model.max_tokens}", field=field
+            )
         if model.count_masks(input_ids) == 0:
-            raise NoMaskToken(f"{where} holds no usable mask token; write {model.mask_token} exactly")
+            raise NoMaskToken(f"{where} holds no usable mask token; write {model.mask_token} exactly", field=field)
         return Query(input_ids=input_ids, top_k=top_k, target_ids=target_ids)
 
 

@@ -206,8 +206,17 @@ class Settings:
     max_top_k: int = _setting(100, _positive_int, "Largest top_k a request may ask for.")
     max_targets: int = _setting(100, _positive_int, "Most targets a request may name.")
     default_top_k: int = _setting(5, _positive_int, "top_k when the request gives none (the pipeline's 5).")
+    drain_delay: float = _setting(
+        0.0,
+        _non_negative_float,
+        "Seconds to keep accepting and answering requests after SIGTERM/SIGINT while /readyz answers "
+        "503, so load balancers stop sending before the listener closes. 0 suits a laptop; behind a "
+        "balancer set it above its health check interval x failures. A second signal cuts it short.",
+    )
     drain_timeout: float = _setting(
-        10.0, _non_negative_float, "Seconds to finish queued work on SIGTERM before answering the rest 503."
+        10.0,
+        _non_negative_float,
+        "Seconds to finish queued work once the listener closes (after --drain-delay) before answering the rest 503.",
     )
     stall_timeout: float = _setting(
         60.0,
@@ -286,9 +295,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:
+# A check of the settings by a higher layer, handed down at start-up (the middleware chain is
+# checked by the layer that builds it): it raises ValueError (SettingsError included) naming the
+# problem, and load_settings prefixes the flag or variable the value came from.
+SettingsCheck = Callable[["Settings"], object]
+
+
+def load_settings(
+    argv: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    checks: Mapping[str, SettingsCheck] | None = None,
+) -> Settings:
     """Settings from CLI flags, then ``MASKSERVE_*`` variables, then defaults.
 
+    ``checks`` maps a setting's name to a check of the whole settings, run after parsing.
     Raises :class:`SettingsError` naming the flag (or variable) and the bad value.
     """
     environ = os.environ if env is None else env
@@ -303,13 +323,10 @@ def load_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | No
         elif _env_name(f.name) in environ:
             values[f.name] = _parse(f, environ[_env_name(f.name)], _env_name(f.name))
     settings = Settings(**values)
-    # The chain is resolved and built now, before a model loads or a port opens: an unknown stage,
-    # a factory that cannot be imported or an order that breaks an invariant stops start-up.
-    from .middleware.chain import MiddlewareError, build_chain
-
-    try:
-        build_chain(settings.middleware, settings)
-    except MiddlewareError as exc:
-        origin = _flag_name("middleware") if args.middleware is not None else _env_name("middleware")
-        raise SettingsError(f"{origin}: {exc}") from None
+    for name, check in (checks or {}).items():
+        try:
+            check(settings)
+        except ValueError as exc:
+            origin = _flag_name(name) if getattr(args, name) is not None else _env_name(name)
+            raise SettingsError(f"{origin}: {exc}") from None
     return settings

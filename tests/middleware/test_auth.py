@@ -32,7 +32,7 @@ async def test_a_request_without_the_key_answers_401_with_a_bearer_challenge(mak
     response = await client.post("/", data=PARIS)
     error = await error_of(response, 401, "unauthorized")
     assert response.headers["WWW-Authenticate"] == 'Bearer realm="maskserve"'
-    assert "Authorization: Bearer" in error["message"]
+    assert "Authorization: Bearer" in error["error"]
 
 
 @pytest.mark.parametrize(

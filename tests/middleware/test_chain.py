@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from maskserve.app import create_app
+from maskserve.app import SETTINGS_CHECKS, create_app
 from maskserve.engine import FillMaskEngine
 from maskserve.errors import INTERNAL_MESSAGE, MaskserveError
 from maskserve.keys import BATCHER_KEY, REQUEST_ID_KEY
@@ -159,11 +159,16 @@ def test_a_bad_specification_is_refused_naming_the_item(spec: str, names_item: s
     assert reason in str(caught.value)
 
 
-def test_load_settings_checks_the_chain_and_names_the_variable() -> None:
+def test_start_up_settings_check_the_chain_and_name_the_variable() -> None:
     with pytest.raises(SettingsError, match=r"^MASKSERVE_MIDDLEWARE: middleware stage 'nosuch': unknown stage"):
-        load_settings([], env={"MASKSERVE_MIDDLEWARE": "default,nosuch"})
+        load_settings([], env={"MASKSERVE_MIDDLEWARE": "default,nosuch"}, checks=SETTINGS_CHECKS)
     with pytest.raises(SettingsError, match=r"^--middleware: .*must come after errors"):
-        load_settings(["--middleware", f"{HERE}:first,default"], env={})
+        load_settings(["--middleware", f"{HERE}:first,default"], env={}, checks=SETTINGS_CHECKS)
+
+
+def test_settings_alone_never_build_the_chain() -> None:
+    """The settings sit below the middleware layer: parsing keeps the value, start-up checks it."""
+    assert load_settings([], env={"MASKSERVE_MIDDLEWARE": "default,nosuch"}).middleware == "default,nosuch"
 
 
 def test_cli_exits_2_on_a_bad_chain_before_loading_any_model() -> None:
@@ -257,7 +262,7 @@ async def test_an_error_raised_in_a_custom_stage_is_sanitized(
     with caplog.at_level(logging.ERROR, logger="maskserve"):
         response = await client.post("/", data=PARIS)
     error = await error_of(response, 500, "internal")
-    assert error["message"] == INTERNAL_MESSAGE
+    assert error["error"] == INTERNAL_MESSAGE
     text = await response.text()
     for leak in ("secret", "/srv", "hunter2", "RuntimeError", "Traceback"):
         assert leak not in text

@@ -41,24 +41,28 @@ class ExplodingEncoder:
         return self.engine.predict(queries)
 
 
+# Keys an error body may carry besides the three every one has (errors.MaskserveError.details).
+DETAIL_KEYS = {"retry_after", "field"}
+
+
 async def error_of(response: ClientResponse, status: int, kind: str) -> dict[str, Any]:
-    """The error object, checked for the one shape every error response has."""
+    """The error body, checked for the one shape every error response has (the HF/TGI/TEI one)."""
     assert response.status == status
     assert response.content_type == "application/json"
-    body = await response.json()
-    assert set(body) == {"error"}
-    error: dict[str, Any] = body["error"]
-    assert set(error) == {"kind", "message", "request_id"}
-    assert error["kind"] == kind
-    assert error["message"]
+    error: dict[str, Any] = await response.json()
+    assert {"error", "error_type", "request_id"} <= set(error) <= {"error", "error_type", "request_id", *DETAIL_KEYS}
+    assert error["error_type"] == kind
+    assert isinstance(error["error"], str) and error["error"]
     assert error["request_id"] == response.headers["X-Request-Id"]
+    if status in (429, 503):
+        assert error["retry_after"] == int(response.headers["Retry-After"])
     return error
 
 
 async def test_unknown_path_is_404_in_the_error_shape(make_client: ClientFactory) -> None:
     client = await make_client()
     error = await error_of(await client.post("/no/such/path", data=PARIS), 404, "not_found")
-    assert "Not Found" not in error["message"]  # ours, not aiohttp's text
+    assert "Not Found" not in error["error"]  # ours, not aiohttp's text
 
 
 async def test_wrong_method_is_405_with_allow_header(make_client: ClientFactory) -> None:
@@ -113,7 +117,7 @@ async def test_unexpected_exception_is_a_fixed_500_and_logged_with_traceback(
     with caplog.at_level(logging.ERROR, logger="maskserve"):
         response = await client.post("/", data=PARIS)
     error = await error_of(response, 500, "internal")
-    assert error["message"] == INTERNAL_MESSAGE
+    assert error["error"] == INTERNAL_MESSAGE
     text = await response.text()
     for leak in ("secret", "boom", "/secret/path", "RuntimeError", "Traceback", "ExplodingEncoder", "encode"):
         assert leak not in text

@@ -1,7 +1,8 @@
 """Bearer-token authentication: with ``--api-key`` set, all but health and the page need the key.
 
-Open without a key: ``/livez`` and ``/readyz`` (probes cannot be expected to hold secrets), and the
-demo page's ``GET /`` with its static files and the ``GET /demo`` redirect (they run nothing).
+Open without a key: the routes the route table marks public (``RouteRoles.public``, on the app's
+state): ``/livez`` and ``/readyz`` (probes cannot be expected to hold secrets), and the demo
+page's ``GET /`` with its static files and the ``GET /demo`` redirect (they run nothing).
 Everything else needs ``Authorization: Bearer <key>``: ``POST /`` and the page's ``POST /demo``,
 ``/info`` and ``/metrics`` (they describe the deployment), and unknown paths, so that a caller
 without the key cannot even map the routes. A missing or wrong key answers 401 ``unauthorized``
@@ -17,9 +18,7 @@ from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler, Middleware
 
 from ..errors import Unauthorized
-
-# Route names (routes.py) answered without a key.
-OPEN_ROUTES = frozenset({"livez", "readyz", "index", "static", "demo_redirect"})
+from ..keys import ROUTE_ROLES_KEY
 
 
 def parse_api_keys(text: str | None) -> tuple[str, ...]:
@@ -58,7 +57,7 @@ def auth_middleware(api_keys: Sequence[str]) -> Middleware:
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.match_info.route.name in OPEN_ROUTES:
+        if request.match_info.route.name in request.app[ROUTE_ROLES_KEY].public:
             return await handler(request)
         given = presented_key(request)
         if given is None:

@@ -285,3 +285,9 @@ def build_chain(spec: Spec, settings: Settings) -> Chain:
         names.append(stage.name)
         middlewares.append(_as_new_style(middleware))
     return Chain(tuple(names), tuple(middlewares))
+
+
+def check_setting(settings: Settings) -> None:
+    """Build the chain ``settings.middleware`` names, as the server will: start-up runs this (via
+    ``load_settings(checks=...)``) before a model loads or a port opens, so a bad chain stops it."""
+    build_chain(settings.middleware, settings)

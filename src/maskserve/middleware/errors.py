@@ -1,5 +1,13 @@
 """The error sanitizer: every error leaves as one JSON shape with a stable kind and a request id.
 
+The shape is the Hugging Face Inference API's, shared by TGI and TEI, because the official clients
+show its ``error`` string to their users (``huggingface_hub``, ``@huggingface/inference``) and
+Open Inference Protocol clients (tritonclient, KServe) read the same key::
+
+    {"error": "<message for people>", "error_type": "<stable kind>", "request_id": "...", <details>}
+
+where the details are the error's own structured facts (``retry_after``, ``field``).
+
 It sits outermost so that nothing raised by any other middleware or handler escapes it. Known
 errors (:mod:`maskserve.errors`, aiohttp's HTTP exceptions) keep their status and public message;
 anything else is logged with its traceback and answered with a fixed 500.
@@ -34,8 +42,8 @@ REQUEST_ID_HEADER = "X-Request-Id"
 _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 
-def error_body(error: MaskserveError, request_id: str) -> dict[str, dict[str, str]]:
-    return {"error": {"kind": error.kind, "message": error.message, "request_id": request_id}}
+def error_body(error: MaskserveError, request_id: str) -> dict[str, str | int]:
+    return {"error": error.message, "error_type": error.kind, "request_id": request_id, **error.details()}
 
 
 def error_response(error: MaskserveError, request_id: str) -> web.Response:

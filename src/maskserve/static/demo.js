@@ -61,7 +61,7 @@
   async function publicMessage(response) {
     try {
       const body = await response.json();
-      if (body && body.error && typeof body.error.message === "string") return body.error.message;
+      if (body && typeof body.error === "string") return body.error;
     } catch (_) {
       // Not JSON: fall through to the status line.
     }

@@ -1,0 +1,109 @@
+"""Run the app in this process: listen, follow stop signals with a drain a load balancer can follow.
+
+On the first SIGTERM or SIGINT the server starts *draining* (see lifecycle.py): ``/readyz``
+answers 503 and every response carries ``Connection: close``, while new requests are still
+accepted and answered for ``--drain-delay`` seconds. A pod leaves its Service's endpoints at the
+moment it gets SIGTERM, and proxies and load balancers learn of it seconds later (FIELD.md §8): a
+server that closed its listener at once would refuse requests still being routed to it. After the
+delay (or at a second signal) the listener closes, what was accepted is answered within
+``--drain-timeout`` (``app.drain_on_shutdown``), idle connections are closed, and :func:`serve`
+returns: the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from .keys import LIFECYCLE_KEY, SETTINGS_KEY
+from .logs import AccessLogger
+
+log = logging.getLogger("maskserve")
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopSignals:
+    """Turns stop signals into: drain now, and stop listening after the delay or the next signal."""
+
+    def __init__(self, app: web.Application) -> None:
+        self.app = app
+        self.stop = asyncio.Event()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def received(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        lifecycle, settings = self.app[LIFECYCLE_KEY], self.app[SETTINGS_KEY]
+        if not lifecycle.start_draining():
+            if not self.stop.is_set():
+                log.info("%s again: cutting the drain delay short", name)
+                self.stop.set()
+            return
+        if settings.drain_delay <= 0:
+            self.stop.set()
+            return
+        log.info(
+            "%s: draining; /readyz answers 503 and requests are still served for %.1fs (--drain-delay)",
+            name,
+            settings.drain_delay,
+        )
+        self._timer = asyncio.get_running_loop().call_later(settings.drain_delay, self.stop.set)
+
+    def install(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in STOP_SIGNALS:
+            loop.add_signal_handler(signum, self.received, signum)
+
+    def remove(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in STOP_SIGNALS:
+            loop.remove_signal_handler(signum)
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+def make_runner(app: web.Application) -> web.AppRunner:
+    settings = app[SETTINGS_KEY]
+    return web.AppRunner(
+        app,
+        handle_signals=False,  # StopSignals handles them: aiohttp's own would stop listening at once
+        # Cancel a handler when its client disconnects, so its queued texts are dropped unrun.
+        handler_cancellation=True,
+        # Handlers finish within the drain budget (see app.drain_on_shutdown); then a margin.
+        shutdown_timeout=settings.drain_timeout + 1.0,
+        access_log_class=AccessLogger,
+        access_log=logging.getLogger("maskserve.access"),
+    )
+
+
+async def serve(app: web.Application, sockets: Sequence[socket.socket] = ()) -> None:
+    """Serve ``app`` until a stop signal has been followed through; raises OSError if it cannot listen.
+
+    Listens on the settings' host and port, or on ``sockets`` already bound (a process manager's).
+    """
+    settings = app[SETTINGS_KEY]
+    runner = make_runner(app)
+    await runner.setup()
+    signals = StopSignals(app)
+    try:
+        sites: list[web.BaseSite] = (
+            [web.SockSite(runner, sock) for sock in sockets]
+            if sockets
+            else [web.TCPSite(runner, settings.host, settings.port)]
+        )
+        for site in sites:
+            await site.start()
+        signals.install()
+        log.info("serving on %s", ", ".join(site.name for site in sites))
+        await signals.stop.wait()
+        log.info("closing the listener")
+    finally:
+        # Closes the listener, then runs the drain (on_shutdown), waits for the handlers, and
+        # closes every connection; a connection still open gets no new request read.
+        await runner.cleanup()
+        signals.remove()

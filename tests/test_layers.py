@@ -1,0 +1,81 @@
+"""The layers of ``src/maskserve/``, written once in the package docstring and kept equal to the
+import-linter contract that ``tox -e style`` enforces on the imports, and to the README.
+
+The contract itself (setup.cfg, ``lint-imports``) fails when a lower layer imports a higher one;
+these tests fail when the documented layers and the enforced ones drift apart.
+"""
+
+from __future__ import annotations
+
+import configparser
+import re
+from pathlib import Path
+
+import maskserve
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "src" / "maskserve"
+README = ROOT / "README.md"
+
+
+def docstring_layers() -> list[tuple[str, str]]:
+    """(modules, job) per layer, top first, from the package docstring's table."""
+    lines = (maskserve.__doc__ or "").splitlines()
+    start = next(i for i, line in enumerate(lines) if re.fullmatch(r"\s+layer\s+job", line))
+    rows: list[tuple[str, str]] = []
+    for line in lines[start + 1 :]:
+        if not line.strip():
+            break
+        modules, job = re.split(r"\s{2,}", line.strip(), maxsplit=1)
+        rows.append((modules, job))
+    return rows
+
+
+def contract_layers() -> list[str]:
+    """The layers of setup.cfg's import-linter layers contract, top first."""
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg", encoding="utf-8")
+    contract = config["importlinter:contract:layers"]
+    assert contract["containers"].strip() == "maskserve"
+    assert contract["exhaustive"].strip().lower() == "true", "every module must sit in a layer"
+    return [line.strip() for line in contract["layers"].strip().splitlines()]
+
+
+def modules_in(layer: str) -> list[str]:
+    return [name.strip() for name in re.split(r"[|:]", layer)]
+
+
+def package_modules() -> set[str]:
+    """The package's top-level modules and subpackages, as the contract names them."""
+    found = {path.stem for path in PACKAGE.glob("*.py") if path.stem != "__init__"}
+    found |= {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    return found
+
+
+def layer_table() -> str:
+    """The README's layer table, from the package docstring."""
+    rows = ["| layer | modules | job |", "| --- | --- | --- |"]
+    layers = docstring_layers()
+    for depth, (modules, job) in enumerate(layers):
+        # A markdown cell cannot hold a bare "|": the independent-siblings mark is escaped.
+        shown = " ".join({"|": "\\|", ":": ":"}.get(part, f"`{part}`") for part in modules.split())
+        escaped_job = job.replace("|", "\\|")
+        rows.append(f"| {len(layers) - depth} | {shown} | {escaped_job} |")
+    return "\n".join(rows)
+
+
+def test_the_enforced_contract_is_the_documented_table() -> None:
+    assert [modules for modules, _ in docstring_layers()] == contract_layers()
+
+
+def test_every_module_of_the_package_sits_in_exactly_one_layer() -> None:
+    placed = [name for layer in contract_layers() for name in modules_in(layer)]
+    assert len(placed) == len(set(placed)), "a module is in two layers"
+    assert set(placed) == package_modules()
+
+
+def test_the_readme_file_list_names_every_module() -> None:
+    architecture = README.read_text(encoding="utf-8").split("## Architecture", 1)[1].split("\n## ", 1)[0]
+    for name in package_modules():
+        shown = f"{name}/" if (PACKAGE / name).is_dir() else f"{name}.py"
+        assert shown in architecture, f"README's Architecture section does not list {shown}"
