@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from maskserve.errors import ServiceUnavailable
 from maskserve.settings import Settings
 
 pytestmark = pytest.mark.deploy
@@ -94,3 +96,23 @@ def test_haproxy_waits_for_maskserve_to_answer_its_own_deadline() -> None:
     assert found["client"] >= found["server"]
     # A check gets a short budget: /readyz answers from memory in milliseconds.
     assert found["check"] <= 2
+
+
+def test_haproxy_s_own_503_has_maskserve_s_error_shape() -> None:
+    # When every replica is out, clients must not be able to tell HAProxy's 503 from a replica's.
+    (line,) = [line for line in directives("backend maskserve") if line.startswith("http-error status 503 ")]
+    body = re.search(r"lf-string '([^']*)'", line).group(1)  # type: ignore[union-attr]
+    headers = dict(re.findall(r"hdr (\S+) (\S+)", line))
+    request_id = "0f8c2d3e-1a2b-4c5d-8e9f-0a1b2c3d4e5f"
+    sent = json.loads(body.replace("%[unique-id]", request_id))
+    error = ServiceUnavailable(sent["error"], retry_after=1)
+    assert sent == {"error": error.message, "error_type": error.kind, "request_id": request_id, **error.details()}
+    assert headers == {**error.headers(), "X-Request-Id": "%[unique-id]"}
+
+
+def test_the_documented_replicas_drain_longer_than_the_checks_take_to_notice() -> None:
+    # A replica being stopped must leave HAProxy's rotation before it closes its port.
+    (delay,) = set(re.findall(r"--drain-delay (\d+(?:\.\d+)?)", CONFIG.read_text(encoding="utf-8")))
+    words = next(line for line in directives("backend maskserve") if line.startswith("default-server ")).split()
+    noticed = seconds(words[words.index("inter") + 1]) * int(words[words.index("fall") + 1])
+    assert float(delay) > noticed

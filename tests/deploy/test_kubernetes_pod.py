@@ -14,7 +14,7 @@ pytestmark = pytest.mark.deploy
 # Peak resident memory of the default model measured in the README: 452 MiB in the benchmark,
 # 509 MB (485 MiB) under the 2x overload soak.
 MEASURED_PEAK_RSS_MIB = 485
-# maskserve gives aiohttp this long past --drain-timeout to close connections (__main__.py).
+# maskserve gives aiohttp this long past --drain-timeout to close connections (serve.py).
 AIOHTTP_SHUTDOWN_MARGIN_S = 1
 
 
