@@ -5,12 +5,14 @@ throughput measures the server, not an arrival schedule. Every answer is checked
 own request: the top prediction's token must be among the offline pipeline's top answers for that
 sentence, and its ``sequence`` (the sentence with the mask filled) must be the offline one for that
 token. A reply meant for another sentence fails the check even when its token agrees. Loopback
-only: :func:`run_load` refuses any other host.
+only: :func:`run_load` refuses any other host (any of 127.0.0.0/8, so a fleet's replicas and its
+balancer can each have their own address).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import itertools
 import json
 import math
@@ -26,7 +28,16 @@ import aiohttp
 # token id -> the filled-in sentence, for each offline top answer of one sentence
 Expected = Mapping[int, str]
 
-LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+MAX_FAILURES_KEPT = 20
+
+
+def is_loopback(host: str | None) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host or "").is_loopback
+    except ValueError:
+        return False
 
 
 def check_answer(answer: Any, expected: Expected) -> str | None:
@@ -68,6 +79,20 @@ class LoadResult:
     wrong: int = 0
     first_wrong: str | None = None
     latencies_ms: list[float] = field(default_factory=list)
+    # Every request that did not end in a correct answer, counted above; the first few described
+    # here with when they happened (seconds since the start), for the reader of a failed test.
+    failures: list[str] = field(default_factory=list)
+    refused_without_retry_after: int = 0  # 503s that do not say when to come back
+    stopped: bool = False  # ended by the caller's ``stop`` event, not by a count or the time cap
+
+    def fail(self, at_s: float, what: str) -> None:
+        if len(self.failures) < MAX_FAILURES_KEPT:
+            self.failures.append(f"{at_s:.2f}s: {what}")
+
+    @property
+    def failed(self) -> int:
+        """Requests that got no correct answer: connection errors, non-200 statuses, wrong answers."""
+        return self.sent - self.correct
 
     @property
     def rps(self) -> float:
@@ -86,12 +111,14 @@ async def run_load(
     concurrency: int,
     requests: int,
     time_cap_s: float,
+    stop: asyncio.Event | None = None,
 ) -> LoadResult:
     """Send ``requests`` requests (sentence ``i % len(sentences)`` for the i-th) from
-    ``concurrency`` clients; stop sending at ``time_cap_s``. Each request's latency is its own
-    round trip, answer read included."""
+    ``concurrency`` clients; stop sending at ``time_cap_s``, or once ``stop`` is set (a test that
+    keeps load on while something else happens). Each request's latency is its own round trip,
+    answer read included."""
     host = urlsplit(url).hostname
-    if host not in LOOPBACK:
+    if not is_loopback(host):
         raise ValueError(f"load goes to loopback only, not {host!r}")
     if len(expected) != len(sentences):
         raise ValueError("one expected answer per sentence")
@@ -108,6 +135,9 @@ async def run_load(
             i = next(counter)
             if i >= requests:
                 return
+            if stop is not None and stop.is_set():
+                result.stopped = True
+                return
             if loop.time() >= stop_at:
                 result.capped = True  # requests were left unsent
                 return
@@ -118,22 +148,32 @@ async def run_load(
                 async with session.post(url, data=sentences[k].encode("utf-8")) as response:
                     body = await response.read()
                     status = response.status
+                    retry_after = response.headers.get("Retry-After")
             except (aiohttp.ClientError, TimeoutError) as exc:
                 result.statuses[type(exc).__name__] += 1
+                result.fail(loop.time() - begun, f"sentence {k}: {type(exc).__name__}: {exc}")
                 continue
             result.latencies_ms.append((time.perf_counter() - started) * 1000)
             result.statuses[str(status)] += 1
             if status != 200:
+                if status == 503 and retry_after is None:
+                    result.refused_without_retry_after += 1
+                result.fail(loop.time() - begun, f"sentence {k}: {status} (Retry-After {retry_after}) {body[:120]!r}")
                 continue
-            reason = check_answer(json.loads(body), expected[k])
+            try:
+                answer = json.loads(body)
+            except ValueError:
+                answer = body[:80]  # not JSON: check_answer says so
+            reason = check_answer(answer, expected[k])
             if reason is None:
                 result.correct += 1
             else:
                 result.wrong += 1
                 result.first_wrong = result.first_wrong or f"sentence {k}: {reason}"
+                result.fail(loop.time() - begun, f"wrong answer to sentence {k}: {reason}")
 
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        started = loop.time()
-        await asyncio.gather(*(client(session, started + time_cap_s) for _ in range(concurrency)))
-        result.duration_s = loop.time() - started
+        begun = loop.time()
+        await asyncio.gather(*(client(session, begun + time_cap_s) for _ in range(concurrency)))
+        result.duration_s = loop.time() - begun
     return result

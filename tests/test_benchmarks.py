@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from benchmarks import offline
-from benchmarks.load import check_answer, percentile, run_load
+from benchmarks.load import check_answer, is_loopback, percentile, run_load
 from benchmarks.models import BenchModel, default_model
 from benchmarks.sentences import MASK, WORD_COUNTS, WORDS, make_sentences
 from maskserve.engine import FillMaskEngine, default_model_dir
@@ -81,6 +82,28 @@ async def test_load_goes_to_loopback_only(mix: tuple[list[str], list[Any]]) -> N
     sentences, expected = mix
     with pytest.raises(ValueError, match="loopback"):
         await run_load("http://192.0.2.1:8000/", sentences, expected, concurrency=1, requests=1, time_cap_s=1)
+
+
+def test_every_loopback_address_counts_as_loopback() -> None:
+    # A fleet on one machine gives each replica its own address in 127.0.0.0/8.
+    assert all(is_loopback(host) for host in ("127.0.0.1", "127.0.0.11", "localhost", "::1"))
+    assert not any(is_loopback(host) for host in ("192.0.2.1", "10.0.0.1", "example.com", "", None))
+
+
+async def test_load_stops_when_told_and_describes_each_failure(
+    make_client: ClientFactory, default_engine: FillMaskEngine, mix: tuple[list[str], list[Any]]
+) -> None:
+    sentences, expected = mix
+    client = await make_client(engine=default_engine)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().call_later(0.5, stop.set)
+    swapped = expected[1:] + expected[:1]
+    result = await run_load(
+        str(client.make_url("/")), sentences, swapped, concurrency=2, requests=10**6, time_cap_s=60, stop=stop
+    )
+    assert result.stopped and not result.capped and 0 < result.sent < 10**6
+    assert result.failed == result.wrong == result.sent
+    assert 0 < len(result.failures) <= 20 and "wrong answer to sentence" in result.failures[0]
 
 
 def test_percentile_is_nearest_rank() -> None:
