@@ -3,8 +3,9 @@
 The fleet tests (tests/fleet/) and the fleet benchmark (benchmarks/fleet.py) run the example users
 start from, not a copy: :func:`render_config` takes ``deploy/haproxy.cfg`` and changes only where
 it listens, which replicas it knows, whether its documented layer-7 retry line is on, and adds a
-stats socket to read the servers' state from. Every change must find its line, so an example that
-drifts from what is rendered here fails loudly instead of being silently tested in another shape.
+stats socket to read the servers' state from; :func:`documented_replica_flags` gives the flags its
+comment starts the replicas with. Every change must find its line, so an example that drifts from
+what is rendered here fails loudly instead of being silently tested in another shape.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ class ServerState:
     status: str  # UP, DOWN, "UP 1/2" (going down), "DOWN 1/2" (going up), MAINT, ...
     sessions: int  # stot: connections HAProxy has sent it so far
     check: str  # the last check's outcome, e.g. L7OK, L7STS (a 503), L4CON (refused)
+    retries: int = 0  # wretr: requests sent to it that HAProxy tried again (connection or L7 retries)
+    redispatches: int = 0  # wredis: of those, moved to another server
 
     @property
     def in_rotation(self) -> bool:
@@ -110,6 +113,14 @@ def render_config(
             f"{retry_lines} '{L7_RETRIES}' lines (commented or not), {server_lines} server lines"
         )
     return "\n".join(out) + "\n"
+
+
+def documented_replica_flags(template: Path = TEMPLATE) -> list[str]:
+    """The flags the example starts each replica with (``maskserve --port $port FLAGS &``), port aside."""
+    match = re.search(r"maskserve --port \$port((?: --[\w-]+ [^\s&]+)*) &", template.read_text(encoding="utf-8"))
+    if match is None:
+        raise ValueError(f"{template} no longer shows how to start its replicas (maskserve --port $port ... &)")
+    return match.group(1).split()
 
 
 def check_values(config: str) -> dict[str, str]:
@@ -180,7 +191,13 @@ class HAProxy:
         text = b"".join(chunks).decode("utf-8", "replace").lstrip("# ")
         rows = csv.DictReader(line for line in text.splitlines() if line)
         return {
-            row["svname"]: ServerState(row["status"], int(row["stot"] or 0), row["check_status"])
+            row["svname"]: ServerState(
+                row["status"],
+                int(row["stot"] or 0),
+                row["check_status"],
+                int(row["wretr"] or 0),
+                int(row["wredis"] or 0),
+            )
             for row in rows
             if row["pxname"] == BACKEND and row["svname"] not in {"FRONTEND", "BACKEND"}
         }

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.haproxy import L7_RETRIES, TEMPLATE, Address, render_config
+from benchmarks.haproxy import L7_RETRIES, TEMPLATE, Address, documented_replica_flags, render_config
 
 from .test_haproxy import haproxy_check
 
@@ -54,6 +54,12 @@ def test_haproxy_accepts_what_the_fleet_tests_run(tmp_path: Path, l7_retries: bo
     path.write_text(render(tmp_path, l7_retries=l7_retries), encoding="utf-8")
     result = haproxy_check(path)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_example_starts_replicas_with_the_proven_drain_delay_and_a_share_of_the_cores() -> None:
+    flags = documented_replica_flags()
+    assert flags[flags.index("--drain-delay") + 1] == "2"  # the drain the rolling restart proves
+    assert flags[flags.index("--torch-threads") + 1] == "1"  # three replicas share the cores
 
 
 def test_an_example_that_drifted_from_the_rendering_is_refused(tmp_path: Path) -> None:
