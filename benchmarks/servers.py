@@ -21,9 +21,9 @@ from pathlib import Path
 PROBE = "paris is the [MASK] of france."
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
 
@@ -48,11 +48,11 @@ def rss_bytes(pid: int) -> int:
 class Server:
     """One server process, its log in ``log_path``; a context manager that always stops it."""
 
-    def __init__(self, name: str, argv: list[str], port: int, log_path: Path) -> None:
+    def __init__(self, name: str, argv: list[str], port: int, log_path: Path, host: str = "127.0.0.1") -> None:
         self.name = name
         self.argv = argv
         self.port = port
-        self.url = f"http://127.0.0.1:{port}/"
+        self.url = f"http://{host}:{port}/"
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
 

@@ -11,7 +11,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from benchmarks import offline
-from benchmarks.load import check_answer, is_loopback, percentile, run_load
+from benchmarks.fleet import DIRECT, ONE, THREE, Measurement, Round, Rounds, parse_args, render
+from benchmarks.load import LoadResult, check_answer, is_loopback, percentile, run_load
 from benchmarks.models import BenchModel, default_model
 from benchmarks.sentences import MASK, WORD_COUNTS, WORDS, make_sentences
 from maskserve.engine import FillMaskEngine, default_model_dir
@@ -142,3 +143,30 @@ def test_one_run_measures_seed_maskserve_and_offline_and_renders_the_table(tmp_p
     assert "| 4 | maskserve | " in table and "| 1 | seed design | " in table
     assert "| 4 | seed design | " in table and "200: 16 | 0 |" in table
     assert "offline pipeline, length-sorted" in table and "Concurrency 1: maskserve p50" in table
+
+
+def test_fleet_report_pairs_the_balancer_s_overhead_inside_each_round() -> None:
+    def load(rps: float, latency_ms: float, concurrency: int = 16) -> LoadResult:
+        result = LoadResult(concurrency, sent=100, correct=100, duration_s=100 / rps)
+        result.statuses["200"] = 100
+        result.latencies_ms = [latency_ms] * 100
+        return result
+
+    rounds = Rounds(
+        [
+            Round(
+                {
+                    DIRECT: Measurement(load(200, 80)),
+                    ONE: Measurement(load(190, 84), 0.02),
+                    THREE: Measurement(load(150, 100), 0.03),
+                },
+                {DIRECT: load(100, 9.0, 1), ONE: load(95, 9.5, 1)},
+            )
+            for _ in range(3)
+        ]
+    )
+    table = render(rounds, parse_args([]), "python -m benchmarks.fleet", "HAProxy version 2.6", (1.0, 1.0, 1.0))
+    assert "| 1 replica via HAProxy | 190.0 (190.0–190.0) | 84.0 | 84.0 | 200: 300 | 0 | 200 µs |" in table
+    assert "| p50 latency, 1 client (9.00 ms direct) | +0.50 (+0.50–+0.50) ms |" in table
+    assert "| p50 latency, 16 clients | +4.00 (+4.00–+4.00) ms |" in table
+    assert "| throughput, 3 replicas / 1 replica (both via HAProxy) | 0.79× |" in table
