@@ -13,6 +13,7 @@ from .errors import MaskserveError
 from .lifecycle import Lifecycle
 from .metrics import Metrics
 from .model_api import FillMaskModel
+from .oip_schemas import InferRequestParser
 from .schemas import RequestParser
 from .settings import Settings
 from .traces import RequestTrace
@@ -38,6 +39,8 @@ LIFECYCLE_KEY = web.AppKey("lifecycle", Lifecycle)
 MODEL_KEY = web.AppKey("model", FillMaskModel)
 BATCHER_KEY = web.AppKey("batcher", Batcher)
 PARSER_KEY = web.AppKey("parser", RequestParser)
+# The Open Inference Protocol's infer request parser (oip_schemas.py), with the same limits.
+OIP_PARSER_KEY = web.AppKey("oip_parser", InferRequestParser)
 BREAKER_KEY = web.AppKey("breaker", CircuitBreaker)
 METRICS_KEY = web.AppKey("metrics", Metrics)
 # The active middleware chain's stage names, outermost first (for /info).

@@ -99,8 +99,12 @@ class Metrics:
         self._state = _ServingState()
         registry.register(self._state)
 
-    def attach(self, batcher: Batcher, breaker: CircuitBreaker | None = None) -> None:
-        """Start observing ``batcher``'s batches, and export its state (and the breaker's) at scrape time."""
+    def attach(self, batcher: Batcher, breaker: CircuitBreaker | None = None, model_name: str | None = None) -> None:
+        """Start observing ``batcher``'s batches, and export its state (and the breaker's) at scrape time.
+
+        ``model_name`` is the name clients use (``--model-name``); the model's own, its source, is a
+        label too.
+        """
         batcher.listeners.append(self.observe_batch)
         self._state.batcher = batcher
         self._state.breaker = breaker
@@ -109,7 +113,8 @@ class Metrics:
         self._state.load_seconds = float(load_seconds) if isinstance(load_seconds, int | float) else None
         self.model_info.info(
             {
-                "name": batcher.model.name,
+                "name": model_name or batcher.model.name,
+                "source": str(description.get("source", batcher.model.name)),
                 "mask_token": batcher.model.mask_token,
                 "device": str(description.get("device", "unknown")),
                 "dtype": str(description.get("dtype", "unknown")),

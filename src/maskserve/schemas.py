@@ -46,6 +46,8 @@ class FillMaskRequest:
     batched: bool
     top_k: int
     targets: tuple[str, ...] | None
+    # Where the texts sit in the request, for errors about one of them ("inputs[2]").
+    location: str = "inputs"
 
 
 def request_schema(limits: Limits) -> dict[str, Any]:
@@ -202,16 +204,22 @@ class RequestParser:
                 )
         many = len(request.texts) > 1
         return [
-            self._query(text, index if many else None, request.top_k, target_ids, model)
+            self._query(text, f"{request.location}[{index}]" if many else None, request, target_ids, model)
             for index, text in enumerate(request.texts)
         ]
 
     def _query(
-        self, text: str, index: int | None, top_k: int, target_ids: tuple[int, ...] | None, model: FillMaskModel
+        self,
+        text: str,
+        element: str | None,
+        request: FillMaskRequest,
+        target_ids: tuple[int, ...] | None,
+        model: FillMaskModel,
     ) -> Query:
-        where = "the text" if index is None else f"inputs[{index}]"
+        where = element or "the text"
         # A raw-text body is the Inference API's "inputs" itself.
-        field = "inputs" if index is None else where
+        field = element or request.location
+        top_k = request.top_k
         if not text.strip():
             raise InvalidInput(f"{where} is empty; send a sentence with {model.mask_token} in it", field=field)
         if len(text) > self.limits.max_text_chars:

@@ -114,6 +114,16 @@ def _flag(text: str) -> bool:
     raise ValueError("must be true or false")
 
 
+# A path segment the router and every OIP client can carry unquoted.
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def _model_name(text: str) -> str:
+    if not _MODEL_NAME.fullmatch(text):
+        raise ValueError("must be 1-64 of A-Z a-z 0-9 . _ - starting with a letter or digit")
+    return text
+
+
 def _optional_str(text: str) -> str | None:
     return text or None
 
@@ -169,6 +179,12 @@ class Settings:
         None,
         _optional_str,
         "Local model directory or hub id. Default: the small BERT shipped in maskserve[demo].",
+    )
+    model_name: str = _setting(
+        "maskserve",
+        _model_name,
+        "The name clients use for the model: in the Open Inference Protocol's /v2/models/NAME routes, "
+        "in /info and in the metrics.",
     )
     device: str = _setting("cpu", _choice("cpu", "cuda", "auto"), "cpu, cuda, or auto (cuda when present).")
     dtype: str = _setting(
