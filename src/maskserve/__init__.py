@@ -8,6 +8,7 @@ import-linter contracts in setup.cfg (``tox -e style``) hold the code to this ta
 
     layer                                                 job
     __main__                                              the entry point: argv + env -> settings -> model -> serve
+    workers                                               --workers N: gunicorn's arbiter and maskserve's worker
     serve                                                 run an app: listen, follow stop signals, drain, stop
     app                                                   create_app(): shared state, lifecycle, middlewares, routes
     routes                                                every route in one table, and the roles the stages read

@@ -36,6 +36,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _load_and_serve(settings: Settings) -> int:
+    if settings.workers > 1:
+        # gunicorn binds the port, then each worker loads its own model (workers.py).
+        from .workers import run_workers
+
+        return run_workers(settings)
     # Load before binding the port: a model that cannot be served exits non-zero with nothing
     # half started.
     from .engine import ModelLoadError

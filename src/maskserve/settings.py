@@ -205,6 +205,13 @@ class Settings:
         "aware) for batches big enough to gain from them, one thread for small ones, whose "
         "threads would otherwise spin for cores the event loop needs. N = always N.",
     )
+    workers: int = _setting(
+        1,
+        _positive_int,
+        "Server processes on one port (gunicorn), each with its own model, queue and inference "
+        "thread; the CPUs are divided among them. 1 suits a big model (one wide process); several "
+        "suit a small model on many cores. /metrics reports every worker.",
+    )
     max_batch_size: int = _setting(
         32, _positive_int, "Most texts in one forward pass. Larger batches raise throughput and latency."
     )
@@ -292,8 +299,9 @@ class Settings:
     )
 
     def resolved_torch_threads(self) -> int:
-        """The most torch threads a forward pass may use: ``--torch-threads``, or every usable CPU."""
-        return self.torch_threads if self.torch_threads > 0 else available_cpus()
+        """The most torch threads a forward pass may use: ``--torch-threads``, or this process's
+        share of the usable CPUs (all of them with one worker)."""
+        return self.torch_threads if self.torch_threads > 0 else max(1, available_cpus() // self.workers)
 
     @property
     def adaptive_torch_threads(self) -> bool:

@@ -9,7 +9,8 @@ from aiohttp import web
 
 from .batcher import Answer
 from .deadlines import request_deadline
-from .keys import ANSWERS_KEY, BATCHER_KEY, METRICS_KEY, MODEL_KEY, PARSER_KEY, TRACE_KEY
+from .keys import ANSWERS_KEY, BATCHER_KEY, METRICS_KEY, METRICS_PEERS_KEY, MODEL_KEY, PARSER_KEY, TRACE_KEY
+from .metrics import merge_expositions
 from .model_api import Query
 from .schemas import shape_response
 from .traces import NO_TRACE, RequestTrace
@@ -53,6 +54,13 @@ async def fill_mask(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    """``GET /metrics``: the app's Prometheus registry in the text exposition format."""
+    """``GET /metrics``: the app's Prometheus registry in the text exposition format.
+
+    With ``--workers``, the whole server: every worker's series, labelled ``worker``; ``?scope=worker``
+    asks for this process's alone (what the workers ask each other for).
+    """
     body, content_type = request.app[METRICS_KEY].exposition()
+    peers = request.app.get(METRICS_PEERS_KEY)
+    if peers is not None and request.query.get("scope") != "worker":
+        body = merge_expositions([(peers.worker, body), *await peers.expositions()])
     return web.Response(body=body, headers={"Content-Type": content_type})
