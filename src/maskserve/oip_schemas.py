@@ -26,7 +26,7 @@ import jsonschema
 
 from .errors import InvalidBody, InvalidInput
 from .model_api import TextPredictions
-from .schemas import FillMaskRequest, Limits, json_depth
+from .schemas import FillMaskRequest, Limits, load_json
 
 INPUT_NAME = "text"
 OUTPUT_NAME = "predictions"
@@ -161,14 +161,7 @@ class InferRequestParser:
 
     def parse(self, body: bytes, header_length: str | None) -> InferRequest:
         header, binary = self._split(body, header_length)
-        try:
-            document = json.loads(header)
-        except RecursionError:
-            raise InvalidBody("the JSON body is nested too deeply") from None
-        except ValueError as exc:
-            raise InvalidBody(f"the body is not valid JSON ({getattr(exc, 'msg', 'syntax error')})") from None
-        if json_depth(document, self.limits.max_json_depth) > self.limits.max_json_depth:
-            raise InvalidBody(f"the JSON body is nested too deeply (more than {self.limits.max_json_depth} levels)")
+        document = load_json(header, self.limits.max_json_depth)
         error = jsonschema.exceptions.best_match(self._validator.iter_errors(document))
         if error is not None:
             raise _describe(error)

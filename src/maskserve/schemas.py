@@ -101,6 +101,23 @@ def json_depth(document: Any, limit: int) -> int:
     return deepest
 
 
+def load_json(text: str | bytes, max_depth: int) -> Any:
+    """A JSON body, parsed; a 400 when it is not JSON or nests deeper than ``max_depth``.
+
+    The depth is checked before any schema validation, whose error messages repr the instance
+    recursively: a body nested near Python's recursion limit would otherwise end in a 500.
+    """
+    try:
+        document = json.loads(text)
+    except RecursionError:
+        raise InvalidBody("the JSON body is nested too deeply") from None
+    except ValueError as exc:
+        raise InvalidBody(f"the body is not valid JSON ({getattr(exc, 'msg', 'syntax error')})") from None
+    if json_depth(document, max_depth) > max_depth:
+        raise InvalidBody(f"the JSON body is nested too deeply (more than {max_depth} levels)")
+    return document
+
+
 def _describe(error: jsonschema.ValidationError) -> InvalidInput:
     where = "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path) or "body"
     where = where.lstrip(".")
@@ -152,15 +169,7 @@ class RequestParser:
         return FillMaskRequest(texts=(text,), batched=False, top_k=self.limits.default_top_k, targets=None)
 
     def _parse_json(self, text: str) -> FillMaskRequest:
-        try:
-            document = json.loads(text)
-        except RecursionError:
-            raise InvalidBody("the JSON body is nested too deeply") from None
-        except ValueError as exc:
-            raise InvalidBody(f"the body is not valid JSON ({getattr(exc, 'msg', 'syntax error')})") from None
-        depth = json_depth(document, self.limits.max_json_depth)
-        if depth > self.limits.max_json_depth:
-            raise InvalidBody(f"the JSON body is nested too deeply (more than {self.limits.max_json_depth} levels)")
+        document = load_json(text, self.limits.max_json_depth)
         self._check_list_lengths(document)
         error = jsonschema.exceptions.best_match(self._validator.iter_errors(document))
         if error is not None:
