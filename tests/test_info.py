@@ -9,20 +9,26 @@ import torch
 import transformers
 
 import maskserve
+from maskserve.engine import FillMaskEngine
 
 from .conftest import ClientFactory
 from .fakes import ControlledModel, EchoModel
 
 
-async def test_info_describes_model_runtime_settings_and_versions(make_client: ClientFactory) -> None:
-    client = await make_client(max_batch_size=7, max_queue=11, request_timeout=2.5, stall_timeout=45.0)
+async def test_info_describes_model_runtime_settings_and_versions(
+    make_client: ClientFactory, bert_engine: FillMaskEngine
+) -> None:
+    client = await make_client(
+        max_batch_size=7, max_queue=11, request_timeout=2.5, stall_timeout=45.0, model_name="support-bert"
+    )
     response = await client.get("/info")
     assert response.status == 200
     info = await response.json()
     model = info["model"]
     assert model["mask_token"] == "[MASK]"
     assert model["architecture"] == "BertForMaskedLM"
-    assert model["source"] == model["name"]  # a local folder, given by path
+    assert model["name"] == "support-bert"  # --model-name: what clients call it
+    assert model["source"] == bert_engine.name  # where it came from: a local folder, given by path
     assert (model["device"], model["dtype"]) == ("cpu", "float32")
     assert model["torch_threads"] == torch.get_num_threads()
     assert model["load_seconds"] > 0
@@ -48,7 +54,8 @@ async def test_info_of_a_model_that_cannot_describe_itself_leaves_those_fields_n
     response = await client.get("/info")
     assert response.status == 200
     info = await response.json()
-    assert info["model"]["name"] == "echo"
+    assert info["model"]["name"] == "maskserve"  # --model-name's default
+    assert info["model"]["source"] == "echo"
     assert info["model"]["device"] is None
     assert info["versions"]["torch"] is None
     assert info["versions"]["maskserve"] == maskserve.__version__

@@ -139,3 +139,32 @@ def test_cli_serves_the_seed_curl_on_the_default_model_and_stops_cleanly_on_sigt
         if process.poll() is None:
             process.kill()
             process.communicate()
+
+
+@pytest.mark.slow
+def test_a_stop_signal_while_the_model_loads_exits_at_once_and_cleanly() -> None:
+    """A pod deleted during a slow start: SIGTERM before the server listens ends it at once, with
+    exit 0 and no traceback (as a container's PID 1 it would otherwise be ignored)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "maskserve", "--port", str(free_port()), "--torch-threads", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=cli_env(),
+    )
+    try:
+        assert process.stdout is not None
+        lines = []
+        for line in process.stdout:  # until the engine starts loading (torch is imported by then)
+            lines.append(line)
+            if "loading model from" in line:
+                break
+        process.send_signal(signal.SIGTERM)
+        rest, _ = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    output = "".join(lines) + rest
+    assert process.returncode == 0, output
+    assert "stopped before serving" in output and "Traceback" not in output

@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
 from maskserve.batcher import BatchReport
+from maskserve.engine import FillMaskEngine
 from maskserve.keys import BATCHER_KEY
 from maskserve.metrics import Metrics
 
@@ -103,14 +104,16 @@ async def test_traffic_moves_request_queue_batch_and_busy_metrics(make_client: C
     assert grew("maskserve_requests_total", route="metrics", status="200", kind="ok") == 1
 
 
-async def test_model_load_time_and_info_are_exported(make_client: ClientFactory) -> None:
-    client = await make_client()  # the tiny BERT, loaded by load_engine
+async def test_model_load_time_and_info_are_exported(make_client: ClientFactory, bert_engine: FillMaskEngine) -> None:
+    client = await make_client(model_name="support-bert")  # the tiny BERT, loaded by load_engine
     samples = await scrape(client)
     assert value(samples, "maskserve_model_load_seconds") > 0
     info = [labels for name, labels in samples if name == "maskserve_model_info"]
     assert len(info) == 1
     assert dict(info[0])["mask_token"] == "[MASK]"
     assert dict(info[0])["device"] == "cpu"
+    assert dict(info[0])["name"] == "support-bert"  # --model-name
+    assert dict(info[0])["source"] == bert_engine.name
 
 
 async def test_each_app_counts_only_its_own_traffic(make_client: ClientFactory) -> None:

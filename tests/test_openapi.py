@@ -116,10 +116,17 @@ class Conformance:
                 validator = jsonschema.Draft202012Validator({"$ref": ref}, registry=self.registry)
                 errors = sorted(validator.iter_errors(json.loads(body)), key=str)
                 assert not errors, f"{where}: {errors[0].message} at {list(errors[0].absolute_path)}"
-            elif schema is not None and schema.get("type") == "string":
+            elif schema is not None and schema.get("type") == "string" and schema.get("format") != "binary":
                 body.decode("utf-8")
         self.seen.add((method, path, str(response.status)))
         return response
+
+
+INFER = "/v2/models/maskserve/infer"
+
+
+def infer_body(*texts: str) -> dict[str, Any]:
+    return {"inputs": [{"name": "text", "shape": [len(texts)], "datatype": "BYTES", "data": list(texts)}]}
 
 
 async def wait_for_depth(client: Client, depth: int) -> None:
@@ -155,7 +162,7 @@ async def test_with_an_api_key_protected_operations_document_and_answer_401(make
     protected = 0
     for path, item in document["paths"].items():
         for method, operation in item.items():
-            url = path.replace("{filename}", "demo.css")
+            url = path.replace("{filename}", "demo.css").replace("{model}", "maskserve")
             response = await client.request(method, url, allow_redirects=False)
             if "security" in operation:
                 protected += 1
@@ -199,21 +206,25 @@ async def test_every_documented_response_is_produced_and_matches_the_document(
     await wait_until_entered(model)
     await docs.check(await client.post("/", data=paris, headers={"X-Request-Timeout": "0.2"}), 504)
     await docs.check(await client.post("/demo", data={"text": paris}, headers={"X-Request-Timeout": "0.2"}), 504)
+    await docs.check(await client.post(INFER, json=infer_body(paris), headers={"X-Request-Timeout": "0.2"}), 504)
     # A full queue refuses at the door; a pass held past the stall budget fails the probes. (The
     # timed-out requests' slots are freed when the queue reaches its bound: two live ones fill it.)
     batcher = client.app[BATCHER_KEY]
     queued = [asyncio.create_task(client.post("/", data="a [MASK] b.")) for _ in range(2)]
-    for _ in range(500):  # both timed-out texts discarded, both new ones queued
-        if batcher.drops.expired == 2 and batcher.depth == 2:
+    for _ in range(500):  # the three timed-out texts discarded, both new ones queued
+        if batcher.drops.expired == 3 and batcher.depth == 2:
             break
         await asyncio.sleep(0.01)
     else:
         raise AssertionError("the queue never held the two new texts")
     await docs.check(await client.post("/", data=paris), 503)
     await docs.check(await client.post("/demo", data={"text": paris}), 503)
+    await docs.check(await client.post(INFER, json=infer_body(paris)), 503)
     await asyncio.sleep(0.3)
     await docs.check(await client.get("/livez"), 503)
     await docs.check(await client.get("/readyz"), 503)
+    for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/maskserve/ready"):
+        await docs.check(await client.get(path), 400)  # the protocol's 4xx for "not healthy"
     model.release()
     for response in await asyncio.gather(busy, *queued):
         await docs.check(response, 200)
@@ -261,6 +272,21 @@ async def test_every_documented_response_is_produced_and_matches_the_document(
     # Operations.
     for path in ("/livez", "/readyz", "/metrics", "/info", "/openapi.json"):
         await docs.check(await client.get(path), 200)
+
+    # The Open Inference Protocol.
+    for path in ("/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/maskserve", "/v2/models/maskserve/ready"):
+        await docs.check(await client.get(path), 200)
+    for path in ("/v2/models/bert", "/v2/models/bert/ready"):
+        await docs.check(await client.get(path), 404)
+    await docs.check(await client.post("/v2/models/bert/infer", json=infer_body(paris)), 404)
+    await docs.check(await client.post(INFER, json=infer_body(paris, "the [MASK] sat on the [MASK].")), 200)
+    binary = infer_body(paris) | {"parameters": {"binary_data_output": True}}
+    answered = await docs.check(await client.post(INFER, json=binary), 200)
+    assert answered.headers["Content-Type"] == "application/octet-stream"
+    await docs.check(await client.post(INFER, data=b'{"inputs": ', headers=json_headers), 400)
+    await docs.check(await client.post(INFER, data=b"x" * 8192, headers=json_headers), 413)
+    await docs.check(await client.post(INFER, json=infer_body("no mask")), 422)
+    await docs.check(await client.post(INFER, json=infer_body(poisoned)), 500)
 
     missing = docs.documented() - docs.seen
     assert not missing, f"documented but never produced (the document claims too much): {sorted(missing)}"

@@ -8,12 +8,14 @@ import-linter contracts in setup.cfg (``tox -e style``) hold the code to this ta
 
     layer                                                 job
     __main__                                              the entry point: argv + env -> settings -> model -> serve
+    workers                                               --workers N: gunicorn's arbiter and maskserve's worker
     serve                                                 run an app: listen, follow stop signals, drain, stop
     app                                                   create_app(): shared state, lifecycle, middlewares, routes
     routes                                                every route in one table, and the roles the stages read
-    views : page : health : info : openapi                the handlers: API, demo page, probes, /info, /openapi.json
+    views : page : health : info : openapi : oip          handlers: API, page, probes, /info, OpenAPI, Open Inference
     middleware                                            the stages around every handler, one per file, and the chain
-    keys : deadlines : schemas : logs : traces : tracing  HTTP building blocks: keys, deadlines, parsing, logs, traces
+    keys : deadlines : schemas : oip_schemas : logs       HTTP building blocks: typed keys, deadlines, parsing, logs
+    traces : tracing                                      what handlers tell tracing; its OpenTelemetry side (extra)
     metrics                                               the Prometheus registry, fed by the batcher and a stage
     breaker                                               admission at the door: queue bound, predicted wait
     batcher | engine                                      the queue and batch loop (asyncio) | the model (torch)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 
 from .app import SETTINGS_CHECKS, create_app, load_model
 from .logs import configure_logging
 from .serve import serve
-from .settings import SettingsError, load_settings
+from .settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger("maskserve")
 
@@ -22,6 +23,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"maskserve: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_json)
+    # Until the server listens and installs its own handlers (serve.StopSignals), a stop signal
+    # stops at once: there is nothing to drain yet. Without this, SIGTERM would be ignored while a
+    # slow model loads when maskserve is a container's PID 1, and a deleted pod would wait out its
+    # whole grace period.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return _load_and_serve(settings)
+    except KeyboardInterrupt:
+        log.info("stopped before serving")
+        return 0
+
+
+def _load_and_serve(settings: Settings) -> int:
+    if settings.workers > 1:
+        # gunicorn binds the port, then each worker loads its own model (workers.py).
+        from .workers import run_workers
+
+        return run_workers(settings)
     # Load before binding the port: a model that cannot be served exits non-zero with nothing
     # half started.
     from .engine import ModelLoadError

@@ -23,6 +23,7 @@ from .keys import (
     METRICS_KEY,
     MIDDLEWARE_CHAIN_KEY,
     MODEL_KEY,
+    OIP_PARSER_KEY,
     PARSER_KEY,
     SETTINGS_KEY,
 )
@@ -31,6 +32,7 @@ from .metrics import Metrics
 from .middleware import chain
 from .middleware.chain import Spec, build_chain
 from .model_api import FillMaskModel
+from .oip_schemas import InferRequestParser
 from .page import security_headers
 from .routes import setup_routes
 from .schemas import Limits, RequestParser
@@ -97,7 +99,7 @@ def inference_context(
         app[MODEL_KEY] = loaded
         app[BATCHER_KEY] = batcher
         app[BREAKER_KEY] = CircuitBreaker(batcher)
-        app[METRICS_KEY].attach(batcher, app[BREAKER_KEY])
+        app[METRICS_KEY].attach(batcher, app[BREAKER_KEY], settings.model_name)
         task = asyncio.create_task(batcher.run(), name="maskserve-batch-loop")
         app[BATCH_LOOP_KEY] = task
         try:
@@ -158,6 +160,7 @@ def create_app(
     app[SETTINGS_KEY] = settings
     app[MIDDLEWARE_CHAIN_KEY] = chain.names
     app[PARSER_KEY] = RequestParser(request_limits(settings))
+    app[OIP_PARSER_KEY] = InferRequestParser(request_limits(settings))
     app[METRICS_KEY] = Metrics()
     app[LIFECYCLE_KEY] = Lifecycle()
     # Stages that own resources for the app's life register them first, so that they are set up

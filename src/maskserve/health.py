@@ -123,28 +123,33 @@ def readiness(
     )
 
 
-def _probe_response(request: web.Request, health: Health, failed_kind: str) -> web.Response:
+def probe_response(request: web.Request, health: Health, failed_kind: str, failed_status: int = 503) -> web.Response:
+    """The probe's answer: 200, or ``failed_status`` with the problems; never cached."""
     if not health.ok:
         request[ERROR_KIND_KEY] = failed_kind  # for the access log and the request counter
     return web.json_response(
         health.body(),
-        status=200 if health.ok else 503,
+        status=200 if health.ok else failed_status,
         # A probe's answer is about this instant; no proxy may serve it later.
         headers={"Cache-Control": "no-store"},
     )
 
 
-def _live(app: web.Application) -> Health:
+def live(app: web.Application) -> Health:
+    """The app's liveness now."""
     return liveness(app.get(BATCHER_KEY), app.get(BATCH_LOOP_KEY), app[SETTINGS_KEY].stall_timeout)
+
+
+def ready(app: web.Application) -> Health:
+    """The app's readiness now (liveness problems included)."""
+    return readiness(app.get(BATCHER_KEY), live(app), app[SETTINGS_KEY].request_timeout, app[LIFECYCLE_KEY])
 
 
 async def livez(request: web.Request) -> web.Response:
     """``GET /livez``: 200 while the inference thread makes progress, else 503 saying why."""
-    return _probe_response(request, _live(request.app), "not_live")
+    return probe_response(request, live(request.app), "not_live")
 
 
 async def readyz(request: web.Request) -> web.Response:
     """``GET /readyz``: 200 when a new request would be accepted now, else 503 saying why."""
-    app = request.app
-    health = readiness(app.get(BATCHER_KEY), _live(app), app[SETTINGS_KEY].request_timeout, app[LIFECYCLE_KEY])
-    return _probe_response(request, health, "not_ready")
+    return probe_response(request, ready(request.app), "not_ready")

@@ -19,14 +19,15 @@ from .settings import Settings
 Section = dict[str, str | int | float | bool | None]
 
 
-def model_section(model: FillMaskModel | None) -> Section | None:
-    """The model and how it runs; fields a model (a test double) cannot tell are null."""
+def model_section(model: FillMaskModel | None, name: str) -> Section | None:
+    """The model, by the ``name`` clients use (``--model-name``), and how it runs; fields a model (a
+    test double) cannot tell are null."""
     if model is None:
         return None
     description = describe_model(model)
     return {
-        "name": model.name,
-        "source": description.get("source"),
+        "name": name,
+        "source": description.get("source", model.name),
         "architecture": description.get("architecture"),
         "mask_token": model.mask_token,
         "max_tokens": model.max_tokens,
@@ -42,7 +43,7 @@ def server_info(
     settings: Settings, model: FillMaskModel | None, middleware: tuple[str, ...] = ()
 ) -> dict[str, Section | list[str] | None]:
     description = describe_model(model) if model is not None else {}
-    served = model_section(model)
+    served = model_section(model, settings.model_name)
     if served is not None:
         served["quantize"] = settings.quantize
     return {

@@ -11,8 +11,9 @@ from .batcher import Answer, Batcher
 from .breaker import CircuitBreaker
 from .errors import MaskserveError
 from .lifecycle import Lifecycle
-from .metrics import Metrics
+from .metrics import Metrics, Peers
 from .model_api import FillMaskModel
+from .oip_schemas import InferRequestParser
 from .schemas import RequestParser
 from .settings import Settings
 from .traces import RequestTrace
@@ -38,8 +39,12 @@ LIFECYCLE_KEY = web.AppKey("lifecycle", Lifecycle)
 MODEL_KEY = web.AppKey("model", FillMaskModel)
 BATCHER_KEY = web.AppKey("batcher", Batcher)
 PARSER_KEY = web.AppKey("parser", RequestParser)
+# The Open Inference Protocol's infer request parser (oip_schemas.py), with the same limits.
+OIP_PARSER_KEY = web.AppKey("oip_parser", InferRequestParser)
 BREAKER_KEY = web.AppKey("breaker", CircuitBreaker)
 METRICS_KEY = web.AppKey("metrics", Metrics)
+# With --workers: the other worker processes, so that /metrics reports the whole server.
+METRICS_PEERS_KEY = web.AppKey("metrics_peers", Peers)
 # The active middleware chain's stage names, outermost first (for /info).
 MIDDLEWARE_CHAIN_KEY: web.AppKey[tuple[str, ...]] = web.AppKey("middleware_chain")
 # The batch loop's task, so /livez can tell when it died.

@@ -9,10 +9,12 @@ can never drift from the batcher's own counters.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, Info, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from . import __version__
@@ -99,8 +101,12 @@ class Metrics:
         self._state = _ServingState()
         registry.register(self._state)
 
-    def attach(self, batcher: Batcher, breaker: CircuitBreaker | None = None) -> None:
-        """Start observing ``batcher``'s batches, and export its state (and the breaker's) at scrape time."""
+    def attach(self, batcher: Batcher, breaker: CircuitBreaker | None = None, model_name: str | None = None) -> None:
+        """Start observing ``batcher``'s batches, and export its state (and the breaker's) at scrape time.
+
+        ``model_name`` is the name clients use (``--model-name``); the model's own, its source, is a
+        label too.
+        """
         batcher.listeners.append(self.observe_batch)
         self._state.batcher = batcher
         self._state.breaker = breaker
@@ -109,7 +115,8 @@ class Metrics:
         self._state.load_seconds = float(load_seconds) if isinstance(load_seconds, int | float) else None
         self.model_info.info(
             {
-                "name": batcher.model.name,
+                "name": model_name or batcher.model.name,
+                "source": str(description.get("source", batcher.model.name)),
                 "mask_token": batcher.model.mask_token,
                 "device": str(description.get("device", "unknown")),
                 "dtype": str(description.get("dtype", "unknown")),
@@ -192,3 +199,40 @@ class _ServingState(Collector):
             yield GaugeMetricFamily(
                 "maskserve_model_load_seconds", "Seconds the model took to load at start-up.", value=self.load_seconds
             )
+
+
+class Peers(Protocol):
+    """The other processes of one server (``--workers``): a scrape of any of them reports all."""
+
+    # This process's label value: the worker's slot, "0" to "N-1", stable across its restarts.
+    worker: str
+
+    async def expositions(self) -> list[tuple[str, bytes]]:
+        """(worker, its own exposition) of every other live worker; a worker that does not
+        answer in time is left out."""
+        ...
+
+
+class _Families(Collector):
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self._families = list(families)
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._families
+
+
+def merge_expositions(parts: Sequence[tuple[str, bytes]]) -> bytes:
+    """One exposition of several workers' own, each sample labelled ``worker``: per-worker series
+    in one scrape, which ``sum by (...)`` adds up to the whole server."""
+    families: dict[str, Metric] = {}
+    for worker, text in parts:
+        for family in text_string_to_metric_families(text.decode("utf-8")):
+            merged = families.get(family.name)
+            if merged is None:
+                merged = families[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
+            merged.samples.extend(
+                sample._replace(labels={**sample.labels, "worker": worker}) for sample in family.samples
+            )
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(families.values()))
+    return generate_latest(registry)

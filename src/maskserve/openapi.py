@@ -17,6 +17,7 @@ from .deadlines import TIMEOUT_HEADER
 from .errors import MaskserveError
 from .keys import MODEL_KEY, ROUTE_ROLES_KEY, SETTINGS_KEY, RouteRoles
 from .middleware.errors import REQUEST_ID_HEADER
+from .oip_schemas import DATATYPE, HEADER_LENGTH, INPUT_NAME, OUTPUT_NAME, infer_request_schema
 from .schemas import Limits, request_schema
 from .settings import Settings
 
@@ -41,6 +42,12 @@ ROUTE_NAMES = {
     ("get", "/metrics"): "metrics",
     ("get", "/info"): "info",
     ("get", "/openapi.json"): "openapi",
+    ("get", "/v2"): "oip_server_metadata",
+    ("get", "/v2/health/live"): "oip_server_live",
+    ("get", "/v2/health/ready"): "oip_server_ready",
+    ("get", "/v2/models/{model}"): "oip_model_metadata",
+    ("get", "/v2/models/{model}/ready"): "oip_model_ready",
+    ("post", "/v2/models/{model}/infer"): "oip_infer",
 }
 
 
@@ -128,6 +135,65 @@ def _schemas(limits: Limits) -> dict[str, Schema]:
                         "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
                     },
                 },
+            },
+        },
+        "InferRequest": infer_request_schema(limits),
+        "InferResponse": {
+            "type": "object",
+            "required": ["model_name", "outputs"],
+            "properties": {
+                "model_name": {"type": "string"},
+                "id": {"type": "string"},
+                "outputs": {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["name", "datatype", "shape"],
+                        "properties": {
+                            "name": {"const": OUTPUT_NAME},
+                            "datatype": {"const": DATATYPE},
+                            "shape": {"type": "array", "items": {"type": "integer", "minimum": 1}},
+                            "data": {
+                                "type": "array",
+                                "description": "Per text, the JSON that POST / answers for that text, as a string.",
+                                "items": {"type": "string"},
+                            },
+                            "parameters": {"type": "object"},
+                        },
+                    },
+                },
+            },
+        },
+        "ServerMetadata": {
+            "type": "object",
+            "required": ["name", "version", "extensions"],
+            "properties": {
+                "name": {"type": "string"},
+                "version": {"type": "string"},
+                "extensions": {"type": "array", "items": {"type": "string"}},
+            },
+        },
+        "ModelMetadata": {
+            "type": "object",
+            "required": ["name", "platform", "inputs", "outputs"],
+            "properties": {
+                "name": {"type": "string"},
+                "versions": {"type": "array", "items": {"type": "string"}},
+                "platform": {"type": "string"},
+                "inputs": {"type": "array", "items": _ref("TensorMetadata")},
+                "outputs": {"type": "array", "items": _ref("TensorMetadata")},
+                "parameters": {"type": "object"},
+            },
+        },
+        "TensorMetadata": {
+            "type": "object",
+            "required": ["name", "datatype", "shape"],
+            "properties": {
+                "name": {"type": "string"},
+                "datatype": {"type": "string"},
+                "shape": {"type": "array", "items": {"type": "integer"}},
             },
         },
         "Info": {
@@ -252,6 +318,101 @@ def _fill_mask(settings: Settings, limits: Limits, mask_token: str) -> Schema:
     }
 
 
+MODEL_PARAMETER = {
+    "name": "model",
+    "in": "path",
+    "required": True,
+    "description": "The model's name, --model-name; any other is a 404.",
+    "schema": {"type": "string"},
+}
+
+
+def _oip_probe(summary: str, *, per_model: bool = False) -> Schema:
+    probe: Schema = {
+        "summary": summary,
+        "description": "The protocol's health check: 200, or 400 (its 4xx) with the problems, as /readyz says them.",
+        "tags": ["open inference protocol"],
+        "responses": {
+            "200": _ok("Healthy.", JSON, _ref("Health")),
+            "400": _ok("Not healthy; `problems` says why.", JSON, _ref("Health")),
+        },
+    }
+    if per_model:
+        probe["parameters"] = [MODEL_PARAMETER]
+        probe["responses"]["404"] = _error("No model of that name is served.")
+    return probe
+
+
+def _oip_infer(settings: Settings, limits: Limits, mask_token: str) -> Schema:
+    example = f"Paris is the {mask_token} of France."
+    return {
+        "summary": "Open Inference Protocol inference: texts in, each text's predictions out",
+        "description": (
+            f'One BYTES input "{INPUT_NAME}" of shape [n], 1 <= n <= {settings.max_inputs}; one BYTES output '
+            f'"{OUTPUT_NAME}" of the same shape, each element the JSON `POST /` answers for that text. '
+            "`top_k` and `targets` (comma-separated, or a list) are request parameters. Tensors in JSON, or "
+            f"in Triton's binary tensor data extension ({HEADER_LENGTH}; the answer follows the request's "
+            "binary_data / binary_data_output). Same limits, breaker, deadline and errors as `POST /`."
+        ),
+        "tags": ["open inference protocol"],
+        "parameters": [MODEL_PARAMETER],
+        "requestBody": {
+            "required": True,
+            "content": {
+                JSON: {
+                    "schema": _ref("InferRequest"),
+                    "example": {
+                        "inputs": [{"name": INPUT_NAME, "shape": [1], "datatype": DATATYPE, "data": [example]}],
+                        "parameters": {"top_k": 3},
+                    },
+                }
+            },
+        },
+        "responses": {
+            "200": _ok("Each text's predictions.", JSON, _ref("InferResponse"), **_timing_headers())
+            | {
+                "content": {
+                    JSON: {"schema": _ref("InferResponse")},
+                    # Triton's binary form: the JSON header, then the tensor (see the description).
+                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+                }
+            },
+            "400": _error("The body is not JSON, or the binary tensor framing is wrong."),
+            "404": _error("No model of that name is served."),
+            "413": _error(f"The body is larger than {settings.max_body_bytes} bytes (--max-body-bytes)."),
+            "422": _error("Well-formed but unusable: the tensor's name, type or shape, no mask token, a value."),
+            "500": _error("The model failed on this input (its batch neighbours were answered)."),
+            "503": _error("Overloaded or shutting down: refused at the door.", _retry_after()),
+            "504": _error("The deadline passed before the answer was ready."),
+        },
+    }
+
+
+def _oip_paths(settings: Settings, limits: Limits, mask_token: str) -> dict[str, Schema]:
+    not_found = {"404": _error("No model of that name is served.")}
+    return {
+        "/v2": {
+            "get": {
+                "summary": "Open Inference Protocol: server metadata",
+                "tags": ["open inference protocol"],
+                "responses": {"200": _ok("Who serves.", JSON, _ref("ServerMetadata"))},
+            }
+        },
+        "/v2/health/live": {"get": _oip_probe("Open Inference Protocol: server live (as /livez)")},
+        "/v2/health/ready": {"get": _oip_probe("Open Inference Protocol: server ready (as /readyz)")},
+        "/v2/models/{model}": {
+            "get": {
+                "summary": "Open Inference Protocol: model metadata",
+                "tags": ["open inference protocol"],
+                "parameters": [MODEL_PARAMETER],
+                "responses": {"200": _ok("The model's tensors.", JSON, _ref("ModelMetadata"))} | not_found,
+            }
+        },
+        "/v2/models/{model}/ready": {"get": _oip_probe("Open Inference Protocol: model ready", per_model=True)},
+        "/v2/models/{model}/infer": {"post": _oip_infer(settings, limits, mask_token)},
+    }
+
+
 def _demo(settings: Settings) -> Schema:
     form = {
         "type": "object",
@@ -299,9 +460,11 @@ def openapi_document(settings: Settings, roles: RouteRoles, mask_token: str = "[
             "title": "maskserve",
             "version": __version__,
             "description": (
-                "Fill-mask inference over HTTP with dynamic batching and circuit breaking. Every error "
-                'is `{"error": {"kind", "message", "request_id"}}`; a path that matches no route is '
-                "404 and a method a path does not take is 405 with `Allow`, both in that shape."
+                "Fill-mask inference over HTTP with dynamic batching and circuit breaking, in the Hugging "
+                "Face Inference API's form (`POST /`) and the Open Inference Protocol's (`/v2`). Every "
+                'error is `{"error": message, "error_type": kind, "request_id", ...details}`; a path '
+                "that matches no route is 404 and a method a path does not take is 405 with `Allow`, both "
+                "in that shape."
             ),
         },
         "paths": {
@@ -381,7 +544,8 @@ def openapi_document(settings: Settings, roles: RouteRoles, mask_token: str = "[
                     "responses": {"200": _ok("The OpenAPI document.", JSON, {"type": "object"})},
                 }
             },
-        },
+        }
+        | _oip_paths(settings, limits, mask_token),
         "components": {"schemas": _schemas(limits)},
     }
     for path, item in document["paths"].items():

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePath
@@ -39,11 +38,10 @@ from .errors import (
     ShuttingDown,
     TextTooLong,
 )
-from .keys import BATCHER_KEY, BREAKER_KEY, ERROR_KEY, ERROR_KIND_KEY, MODEL_KEY, PARSER_KEY, REQUEST_ID_KEY, TRACE_KEY
+from .keys import BREAKER_KEY, ERROR_KEY, ERROR_KIND_KEY, MODEL_KEY, PARSER_KEY, REQUEST_ID_KEY
 from .model_api import Prediction, describe_model
 from .schemas import FillMaskRequest, Limits
-from .traces import NO_TRACE
-from .views import timing_headers
+from .views import answer, request_trace, timing_headers
 
 log = logging.getLogger(__name__)
 
@@ -297,14 +295,11 @@ async def demo(request: web.Request) -> web.Response:
     try:
         deadline = request_deadline(request)
         request.app[BREAKER_KEY].check(deadline - asyncio.get_running_loop().time())
-        trace = request.get(TRACE_KEY, NO_TRACE)
-        with trace.step("maskserve.parse"):
+        with request_trace(request).step("maskserve.parse"):
             top_k_value = parse_top_k(top_k, parser.limits)
             parsed = FillMaskRequest(texts=(text,), batched=False, top_k=top_k_value, targets=None)
             queries = parser.queries(parsed, model)
-        queued_ns = time.time_ns()
-        answers = await request.app[BATCHER_KEY].answer(queries, deadline, trace.link)
-        trace.served(answers, queued_ns)
+        answers = await answer(request, queries, deadline)
     except MaskserveError as exc:
         # The error middleware's bookkeeping (the kind for the access log, a warning for
         # server-side failures), but the page shows the error in plain words.

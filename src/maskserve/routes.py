@@ -4,17 +4,28 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from . import health, info, openapi, page, views
+from . import health, info, oip, openapi, page, views
 from .keys import ROUTE_ROLES_KEY, RouteRoles
 
 ROUTE_ROLES = RouteRoles(
     # Routes that queue work for the model: the circuit breaker may refuse these, and only these.
     # Health, metrics, info and the demo page's GET are never shed; POST /demo consults the
     # breaker itself, to show a refusal inline.
-    inference=frozenset({"fill_mask"}),
+    inference=frozenset({"fill_mask", "oip_infer"}),
     # Open without an API key: probes (they cannot be expected to hold secrets) and the demo
     # page's GETs, which run nothing. Unknown paths need the key, so the routes cannot be mapped.
-    public=frozenset({"livez", "readyz", "index", "static", "demo_redirect"}),
+    public=frozenset(
+        {
+            "livez",
+            "readyz",
+            "index",
+            "static",
+            "demo_redirect",
+            "oip_server_live",
+            "oip_server_ready",
+            "oip_model_ready",
+        }
+    ),
 )
 
 
@@ -36,6 +47,14 @@ def setup_routes(app: web.Application) -> None:
             web.get("/info", info.info, name="info"),
             # The OpenAPI 3.1 document of this table, with the limits this server enforces.
             web.get("/openapi.json", openapi.openapi, name="openapi"),
+            # The Open Inference Protocol (KServe v2, Triton, MLServer): the same model, breaker,
+            # batcher and errors; {model} is --model-name.
+            web.get("/v2", oip.server_metadata, name="oip_server_metadata"),
+            web.get("/v2/health/live", oip.server_live, name="oip_server_live"),
+            web.get("/v2/health/ready", oip.server_ready, name="oip_server_ready"),
+            web.get("/v2/models/{model}", oip.model_metadata, name="oip_model_metadata"),
+            web.get("/v2/models/{model}/ready", oip.model_ready, name="oip_model_ready"),
+            web.post("/v2/models/{model}/infer", oip.infer, name="oip_infer"),
         ]
     )
     app[ROUTE_ROLES_KEY] = ROUTE_ROLES

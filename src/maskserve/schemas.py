@@ -46,6 +46,8 @@ class FillMaskRequest:
     batched: bool
     top_k: int
     targets: tuple[str, ...] | None
+    # Where the texts sit in the request, for errors about one of them ("inputs[2]").
+    location: str = "inputs"
 
 
 def request_schema(limits: Limits) -> dict[str, Any]:
@@ -99,6 +101,23 @@ def json_depth(document: Any, limit: int) -> int:
     return deepest
 
 
+def load_json(text: str | bytes, max_depth: int) -> Any:
+    """A JSON body, parsed; a 400 when it is not JSON or nests deeper than ``max_depth``.
+
+    The depth is checked before any schema validation, whose error messages repr the instance
+    recursively: a body nested near Python's recursion limit would otherwise end in a 500.
+    """
+    try:
+        document = json.loads(text)
+    except RecursionError:
+        raise InvalidBody("the JSON body is nested too deeply") from None
+    except ValueError as exc:
+        raise InvalidBody(f"the body is not valid JSON ({getattr(exc, 'msg', 'syntax error')})") from None
+    if json_depth(document, max_depth) > max_depth:
+        raise InvalidBody(f"the JSON body is nested too deeply (more than {max_depth} levels)")
+    return document
+
+
 def _describe(error: jsonschema.ValidationError) -> InvalidInput:
     where = "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path) or "body"
     where = where.lstrip(".")
@@ -150,15 +169,7 @@ class RequestParser:
         return FillMaskRequest(texts=(text,), batched=False, top_k=self.limits.default_top_k, targets=None)
 
     def _parse_json(self, text: str) -> FillMaskRequest:
-        try:
-            document = json.loads(text)
-        except RecursionError:
-            raise InvalidBody("the JSON body is nested too deeply") from None
-        except ValueError as exc:
-            raise InvalidBody(f"the body is not valid JSON ({getattr(exc, 'msg', 'syntax error')})") from None
-        depth = json_depth(document, self.limits.max_json_depth)
-        if depth > self.limits.max_json_depth:
-            raise InvalidBody(f"the JSON body is nested too deeply (more than {self.limits.max_json_depth} levels)")
+        document = load_json(text, self.limits.max_json_depth)
         self._check_list_lengths(document)
         error = jsonschema.exceptions.best_match(self._validator.iter_errors(document))
         if error is not None:
@@ -202,16 +213,22 @@ class RequestParser:
                 )
         many = len(request.texts) > 1
         return [
-            self._query(text, index if many else None, request.top_k, target_ids, model)
+            self._query(text, f"{request.location}[{index}]" if many else None, request, target_ids, model)
             for index, text in enumerate(request.texts)
         ]
 
     def _query(
-        self, text: str, index: int | None, top_k: int, target_ids: tuple[int, ...] | None, model: FillMaskModel
+        self,
+        text: str,
+        element: str | None,
+        request: FillMaskRequest,
+        target_ids: tuple[int, ...] | None,
+        model: FillMaskModel,
     ) -> Query:
-        where = "the text" if index is None else f"inputs[{index}]"
+        where = element or "the text"
         # A raw-text body is the Inference API's "inputs" itself.
-        field = "inputs" if index is None else where
+        field = element or request.location
+        top_k = request.top_k
         if not text.strip():
             raise InvalidInput(f"{where} is empty; send a sentence with {model.mask_token} in it", field=field)
         if len(text) > self.limits.max_text_chars:

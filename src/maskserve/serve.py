@@ -17,6 +17,7 @@ import logging
 import signal
 import socket
 from collections.abc import Sequence
+from pathlib import Path
 
 from aiohttp import web
 
@@ -81,10 +82,13 @@ def make_runner(app: web.Application) -> web.AppRunner:
     )
 
 
-async def serve(app: web.Application, sockets: Sequence[socket.socket] = ()) -> None:
+async def serve(
+    app: web.Application, sockets: Sequence[socket.socket] = (), private_socket: Path | None = None
+) -> None:
     """Serve ``app`` until a stop signal has been followed through; raises OSError if it cannot listen.
 
-    Listens on the settings' host and port, or on ``sockets`` already bound (a process manager's).
+    Listens on the settings' host and port, or on ``sockets`` already bound (a process manager's),
+    and on ``private_socket``, a Unix socket for the server's own processes (workers.py).
     """
     settings = app[SETTINGS_KEY]
     runner = make_runner(app)
@@ -96,6 +100,8 @@ async def serve(app: web.Application, sockets: Sequence[socket.socket] = ()) -> 
             if sockets
             else [web.TCPSite(runner, settings.host, settings.port)]
         )
+        if private_socket is not None:
+            sites.append(web.UnixSite(runner, str(private_socket)))
         for site in sites:
             await site.start()
         signals.install()

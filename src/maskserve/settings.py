@@ -114,6 +114,16 @@ def _flag(text: str) -> bool:
     raise ValueError("must be true or false")
 
 
+# A path segment the router and every OIP client can carry unquoted.
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def _model_name(text: str) -> str:
+    if not _MODEL_NAME.fullmatch(text):
+        raise ValueError("must be 1-64 of A-Z a-z 0-9 . _ - starting with a letter or digit")
+    return text
+
+
 def _optional_str(text: str) -> str | None:
     return text or None
 
@@ -170,6 +180,12 @@ class Settings:
         _optional_str,
         "Local model directory or hub id. Default: the small BERT shipped in maskserve[demo].",
     )
+    model_name: str = _setting(
+        "maskserve",
+        _model_name,
+        "The name clients use for the model: in the Open Inference Protocol's /v2/models/NAME routes, "
+        "in /info and in the metrics.",
+    )
     device: str = _setting("cpu", _choice("cpu", "cuda", "auto"), "cpu, cuda, or auto (cuda when present).")
     dtype: str = _setting(
         "auto",
@@ -188,6 +204,13 @@ class Settings:
         "torch intra-op threads. 0 = auto: the CPUs this process may use (affinity and cgroup "
         "aware) for batches big enough to gain from them, one thread for small ones, whose "
         "threads would otherwise spin for cores the event loop needs. N = always N.",
+    )
+    workers: int = _setting(
+        1,
+        _positive_int,
+        "Server processes on one port (gunicorn), each with its own model, queue and inference "
+        "thread; the CPUs are divided among them. 1 suits a big model (one wide process); several "
+        "suit a small model on many cores. /metrics reports every worker.",
     )
     max_batch_size: int = _setting(
         32, _positive_int, "Most texts in one forward pass. Larger batches raise throughput and latency."
@@ -276,8 +299,9 @@ class Settings:
     )
 
     def resolved_torch_threads(self) -> int:
-        """The most torch threads a forward pass may use: ``--torch-threads``, or every usable CPU."""
-        return self.torch_threads if self.torch_threads > 0 else available_cpus()
+        """The most torch threads a forward pass may use: ``--torch-threads``, or this process's
+        share of the usable CPUs (all of them with one worker)."""
+        return self.torch_threads if self.torch_threads > 0 else max(1, available_cpus() // self.workers)
 
     @property
     def adaptive_torch_threads(self) -> bool:

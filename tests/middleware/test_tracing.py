@@ -133,19 +133,19 @@ async def test_a_refused_request_carries_the_reason_on_its_span(
     traced: Callable[..., Any], exporter: InMemorySpanExporter
 ) -> None:
     model = ControlledModel()
-    client = await traced(model, max_queue=1)
+    client = await traced(model, max_queue=2)
     model.hold()
     busy = asyncio.create_task(client.post("/", data=PARIS))
     await wait_until_entered(model)
+    late = asyncio.create_task(client.post("/", data=PARIS, headers={"X-Request-Timeout": "0.3"}))
     queued = asyncio.create_task(client.post("/", data=PARIS))
-    while client.app[BATCHER_KEY].depth < 1:
+    while client.app[BATCHER_KEY].depth < 2:
         await asyncio.sleep(0.01)
-    refused = await client.post("/", data=PARIS)
-    late = await client.post("/", data=PARIS, headers={"X-Request-Timeout": "0.000001"})
+    refused = await client.post("/", data=PARIS)  # the queue is full
+    assert (refused.status, (await late).status) == (503, 504)  # and the queued one ran out of time
     model.release()
     await busy
     await queued
-    assert (refused.status, late.status) == (503, 504)
     http = {
         span.attributes["error.type"]: span
         for span in finished(client, exporter)

@@ -1,0 +1,165 @@
+"""--workers N: several processes on one port under gunicorn's arbiter, each a whole maskserve."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from maskserve.metrics import merge_expositions
+from maskserve.settings import Settings, available_cpus
+from maskserve.workers import _assign_slot
+
+from .live_server import free_port
+from .test_main import cli_env
+
+PARIS = b"Paris is the [MASK] of France."
+
+
+def exposition(requests: int) -> bytes:
+    registry = CollectorRegistry()
+    Counter("maskserve_requests", "h", ["route"], registry=registry).labels("fill_mask").inc(requests)
+    return generate_latest(registry)
+
+
+def test_one_scrape_labels_every_workers_series() -> None:
+    merged = merge_expositions([("0", exposition(3)), ("1", exposition(4))]).decode()
+    (family,) = [f for f in text_string_to_metric_families(merged) if f.name == "maskserve_requests"]
+    totals = {s.labels["worker"]: s.value for s in family.samples if s.name.endswith("_total")}
+    assert totals == {"0": 3.0, "1": 4.0}
+    assert merged.count("# TYPE maskserve_requests_total counter") == 1  # one family, not two
+
+
+def test_a_replacement_worker_takes_the_lowest_free_slot() -> None:
+    workers = {1: SimpleNamespace(slot=0), 2: SimpleNamespace(slot=2)}
+    arbiter = SimpleNamespace(WORKERS=workers, num_workers=3)
+    new = SimpleNamespace()
+    _assign_slot(arbiter, new)  # type: ignore[arg-type]
+    assert new.slot == 1
+
+
+def test_each_worker_gets_its_share_of_the_cpus() -> None:
+    assert Settings(workers=1).resolved_torch_threads() == available_cpus()
+    assert Settings(workers=available_cpus() * 4).resolved_torch_threads() == 1
+    assert Settings(workers=2, torch_threads=3).resolved_torch_threads() == 3  # explicit wins
+
+
+def children(pid: int) -> set[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return {int(child) for child in text.split()}
+
+
+def get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        body: bytes = response.read()
+        return body
+
+
+def post(url: str) -> bytes:
+    request = urllib.request.Request(url, data=PARIS, method="POST")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        body: bytes = response.read()
+        return body
+
+
+def worker_requests(url: str) -> dict[str, float]:
+    families = text_string_to_metric_families(get(url + "metrics").decode())
+    found: dict[str, float] = {}
+    for family in families:
+        if family.name == "maskserve_requests":
+            for sample in family.samples:
+                if sample.name.endswith("_total") and sample.labels["route"] == "fill_mask":
+                    found[sample.labels["worker"]] = found.get(sample.labels["worker"], 0) + sample.value
+    return found
+
+
+def until(condition: object, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if condition():  # type: ignore[operator]
+                return
+        except (urllib.error.URLError, OSError):
+            # Refused, or accepted by the shared socket while no worker has loaded its model yet.
+            pass
+        time.sleep(0.3)
+    raise AssertionError("timed out")
+
+
+@pytest.fixture
+def two_workers() -> Iterator[tuple[subprocess.Popen[str], str]]:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "maskserve", "--port", str(port), "--workers", "2", "--drain-timeout", "10"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=cli_env(),
+        start_new_session=True,
+    )
+    try:
+        yield process, f"http://127.0.0.1:{port}/"
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.communicate(timeout=30)
+
+
+@pytest.mark.slow
+def test_two_workers_serve_one_port_report_together_replace_the_dead_and_drain_on_sigterm(
+    two_workers: tuple[subprocess.Popen[str], str],
+) -> None:
+    process, url = two_workers
+    # Both workers up: each answers its own slot's part of a scrape.
+    until(lambda: len(children(process.pid)) == 2 and _both_ready(url))
+    answers = [post(url) for _ in range(40)]
+    assert all(b'"token_str": "city"' in answer for answer in answers)
+    counted = worker_requests(url)
+    assert sum(counted.values()) == 40  # every request, whichever worker took it, in one scrape
+
+    # SIGKILL one worker: the arbiter starts another in its slot, and the server keeps answering.
+    before = children(process.pid)
+    victim = min(before)
+    os.kill(victim, signal.SIGKILL)
+    until(lambda: len(children(process.pid)) == 2 and victim not in children(process.pid))
+    until(lambda: _both_ready(url))
+    assert b'"token_str": "city"' in post(url)
+
+    # SIGTERM to the arbiter: every worker drains, the server exits 0.
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 0, output
+    assert "Traceback" not in output
+
+
+def _both_ready(url: str) -> bool:
+    """Both slots answer their part of /metrics (a worker still loading its model does not)."""
+    text = get(url + "metrics").decode()
+    return 'worker="0"' in text and 'worker="1"' in text
+
+
+@pytest.mark.slow
+def test_a_model_that_cannot_load_stops_every_worker_with_one_line(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "maskserve", "--model", str(tmp_path / "nowhere"), "--port", str(free_port())]
+        + ["--workers", "2"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=cli_env(),
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "cannot start: could not load model" in result.stderr
+    assert "Traceback" not in result.stderr
