@@ -33,7 +33,7 @@ def changed_lines(rendered: str) -> tuple[list[str], list[str]]:
 
 
 def test_rendering_changes_only_the_addresses_and_adds_a_read_only_stats_socket(tmp_path: Path) -> None:
-    removed, added = changed_lines(render(tmp_path, l7_retries=False))
+    removed, added = changed_lines(render(tmp_path, l7_retries=True))  # as the example ships
     assert removed == ["bind :8000", *[f"server replica{i} 127.0.0.1:800{i}" for i in (1, 2, 3)]]
     assert added == [
         f"stats socket {tmp_path / 'haproxy.sock'} mode 600 level user",
@@ -42,9 +42,9 @@ def test_rendering_changes_only_the_addresses_and_adds_a_read_only_stats_socket(
     ]
 
 
-def test_l7_retries_on_turns_on_exactly_the_documented_line(tmp_path: Path) -> None:
-    removed, added = changed_lines(render(tmp_path, l7_retries=True))
-    assert f"# {L7_RETRIES}" in removed and L7_RETRIES in added
+def test_l7_retries_off_turns_off_exactly_the_documented_line(tmp_path: Path) -> None:
+    removed, added = changed_lines(render(tmp_path, l7_retries=False))
+    assert L7_RETRIES in removed and f"# {L7_RETRIES}" in added
     assert len(removed) == 5 and len(added) == 6
 
 
@@ -65,7 +65,7 @@ def test_the_example_starts_replicas_with_the_proven_drain_delay_and_a_share_of_
 def test_an_example_that_drifted_from_the_rendering_is_refused(tmp_path: Path) -> None:
     drifted = tmp_path / "drifted.cfg"
     drifted.write_text(
-        TEMPLATE.read_text(encoding="utf-8").replace(f"# {L7_RETRIES}", "# retries off"), encoding="utf-8"
+        TEMPLATE.read_text(encoding="utf-8").replace(L7_RETRIES, "# retries off"), encoding="utf-8"
     )
     with pytest.raises(ValueError, match="no longer has the shape"):
         render(tmp_path, l7_retries=True, template=drifted)

@@ -59,12 +59,12 @@ def test_haproxy_accepts_the_config() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_the_documented_l7_retry_line_is_valid_when_enabled(tmp_path: Path) -> None:
+def test_the_recommended_l7_retries_are_on_and_the_example_is_valid_without_them(tmp_path: Path) -> None:
     text = CONFIG.read_text(encoding="utf-8")
-    assert f"# {L7_RETRIES}" in text
-    enabled = tmp_path / "haproxy.cfg"
-    enabled.write_text(text.replace(f"# {L7_RETRIES}", L7_RETRIES), encoding="utf-8")
-    result = haproxy_check(enabled)
+    assert f"\n    {L7_RETRIES}\n" in text  # on, not commented out
+    disabled = tmp_path / "haproxy.cfg"
+    disabled.write_text(text.replace(L7_RETRIES, f"# {L7_RETRIES}"), encoding="utf-8")
+    result = haproxy_check(disabled)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
