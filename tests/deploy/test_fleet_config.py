@@ -64,8 +64,6 @@ def test_the_example_starts_replicas_with_the_proven_drain_delay_and_a_share_of_
 
 def test_an_example_that_drifted_from_the_rendering_is_refused(tmp_path: Path) -> None:
     drifted = tmp_path / "drifted.cfg"
-    drifted.write_text(
-        TEMPLATE.read_text(encoding="utf-8").replace(L7_RETRIES, "# retries off"), encoding="utf-8"
-    )
+    drifted.write_text(TEMPLATE.read_text(encoding="utf-8").replace(L7_RETRIES, "# retries off"), encoding="utf-8")
     with pytest.raises(ValueError, match="no longer has the shape"):
         render(tmp_path, l7_retries=True, template=drifted)
