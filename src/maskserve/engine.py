@@ -191,6 +191,26 @@ def max_tokens(config: Any, tokenizer: Any) -> int:
     return positions
 
 
+def pad_batch(sequences: Sequence[Sequence[int]], pad_token_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded ids and their attention mask (from lengths: a text may hold a pad token)."""
+    longest = max(len(s) for s in sequences)
+    ids = np.full((len(sequences), longest), pad_token_id, dtype=np.int64)
+    attention = np.zeros((len(sequences), longest), dtype=np.int64)
+    for row, seq in enumerate(sequences):
+        ids[row, : len(seq)] = seq
+        attention[row, : len(seq)] = 1
+    return ids, attention
+
+
+def probe_texts(tokenizer: Any) -> list[tuple[int, ...]]:
+    """Token ids a backend checks itself on: two masks in one text, and a shorter text that pads."""
+    m = tokenizer.mask_token
+    return [
+        tuple(tokenizer(text, return_attention_mask=False, return_token_type_ids=False)["input_ids"])
+        for text in (f"a probe {m} sentence for the {m} head.", f"the {m} one.")
+    ]
+
+
 class FillMaskEngine:
     """What every backend shares: a tokenizer, and answers to batches of :class:`Query`.
 
@@ -306,19 +326,7 @@ class FillMaskEngine:
         raise NotImplementedError
 
     def _pad(self, sequences: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-        """Right-padded ids and their attention mask (from lengths: a text may hold a pad token)."""
-        longest = max(len(s) for s in sequences)
-        ids = np.full((len(sequences), longest), self.pad_token_id, dtype=np.int64)
-        attention = np.zeros((len(sequences), longest), dtype=np.int64)
-        for row, seq in enumerate(sequences):
-            ids[row, : len(seq)] = seq
-            attention[row, : len(seq)] = 1
-        return ids, attention
-
-    def _probe(self) -> list[tuple[int, ...]]:
-        """Texts a backend checks itself on: two masks, and a shorter text that pads."""
-        m = self.mask_token
-        return [self.encode(f"a probe {m} sentence for the {m} head."), self.encode(f"the {m} one.")]
+        return pad_batch(sequences, self.pad_token_id)
 
     def _top_predictions(self, query: Query, probs: torch.Tensor) -> list[Prediction]:
         candidates = probs
@@ -419,7 +427,7 @@ class TorchFillMaskEngine(FillMaskEngine):
         split = split_mlm_head(self.model)
         if split is None:
             return None
-        ids, attention = self._pad(self._probe())
+        ids, attention = self._pad(probe_texts(self.tokenizer))
         rows, cols = np.nonzero(ids == self.mask_token_id)
         with torch.inference_mode():
             full = self._torch_mask_logits(ids, attention, rows, cols, split=None)
