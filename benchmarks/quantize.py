@@ -137,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.quantize", description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="default,bert-base", help="comma-separated: default, bert-base")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sentences", type=int, default=0, help="override the sentences per model (256, 64)")
     parser.add_argument(
         "--variants",
         default="int8,onnxruntime",
@@ -162,6 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if key not in plans:
             raise SystemExit(f"unknown model {key!r}")
         make, count = plans[key]
+        count = args.sentences or count
         for row in measure(make(), count, args.rounds, variants):
             print(row, flush=True)
     return 0

@@ -22,6 +22,7 @@ from .engine import (
     BackendUnavailable,
     FillMaskEngine,
     ThreadPolicy,
+    default_model_dir,
     encoder_flops_per_token,
     load_pretrained,
     pad_batch,
@@ -197,7 +198,12 @@ def load_onnx_engine(
     _onnxruntime()
     torch.set_num_threads(1)  # see OnnxFillMaskEngine._mask_logits
     root = cache_dir / "onnx"
-    log.info("loading model from %s for onnxruntime (float32, %d threads, cache %s)", model or "default", threads, root)
+    log.info(
+        "loading model from %s for onnxruntime (float32, %d threads, cache %s)",
+        model or default_model_dir(),
+        threads,
+        root,
+    )
     # Eager attention: it is what ONNX Runtime's attention fusion recognises in the traced graph.
     loaded = load_pretrained(model, device=torch.device("cpu"), dtype=torch.float32, attn_implementation="eager")
     flops_per_token = encoder_flops_per_token(loaded.model)

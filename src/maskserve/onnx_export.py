@@ -24,7 +24,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -214,6 +214,25 @@ def _example_inputs(model: PreTrainedModel) -> tuple[torch.Tensor, torch.Tensor,
     return ids, attention, torch.tensor([2, 7 + 1], dtype=torch.int64)
 
 
+@contextlib.contextmanager
+def _quiet_fusion_logs() -> Iterator[None]:
+    """onnxruntime.transformers logs each fusion step at INFO under top-level module names
+    (``onnx_model_bert``, ``fusion_attention``...); the loader logs one summary line instead."""
+    names = [
+        name
+        for name in logging.root.manager.loggerDict
+        if name.startswith(("onnx_model", "fusion_", "optimizer", "onnxruntime"))
+    ]
+    levels = {name: logging.getLogger(name).level for name in names}
+    for name in names:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
 def _export_graph(model: PreTrainedModel, folder: Path) -> dict[str, Any]:
     """Export and fuse ``model`` into ``folder``/model.onnx; what was done, for meta.json."""
     from onnxruntime.transformers import optimizer
@@ -247,20 +266,21 @@ def _export_graph(model: PreTrainedModel, folder: Path) -> dict[str, Any]:
         )
     exported_s = time.perf_counter() - started
     settings = fusion_settings(model)
-    fused = optimizer.optimize_model(
-        str(raw),
-        model_type=settings["model_type"],
-        num_heads=settings["num_heads"],
-        hidden_size=settings["hidden_size"],
-        optimization_options=FusionOptions(settings["model_type"]),
-        opt_level=settings["opt_level"],
-    )
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    fused.save_model_to_file(str(folder / MODEL_FILE), use_external_data_format=weight_bytes > EXTERNAL_DATA_BYTES)
+    with _quiet_fusion_logs():
+        fused = optimizer.optimize_model(
+            str(raw),
+            model_type=settings["model_type"],
+            num_heads=settings["num_heads"],
+            hidden_size=settings["hidden_size"],
+            optimization_options=FusionOptions(settings["model_type"]),
+            opt_level=settings["opt_level"],
+        )
+        fused.save_model_to_file(str(folder / MODEL_FILE), use_external_data_format=weight_bytes > EXTERNAL_DATA_BYTES)
+        operators = {name: count for name, count in fused.get_fused_operator_statistics().items() if count}
     for leftover in folder.iterdir():
         if leftover.name.startswith("exported.onnx"):
             leftover.unlink()
-    operators = {name: count for name, count in fused.get_fused_operator_statistics().items() if count}
     return {
         "mask_only_head": graph.mask_only_head,
         "fused_operators": operators,
