@@ -240,7 +240,10 @@ def _export_graph(model: PreTrainedModel, folder: Path) -> dict[str, Any]:
 
     started = time.perf_counter()
     graph = MaskLogitsGraph(model).eval()
-    raw = folder / "exported.onnx"
+    # The unfused graph in its own subfolder: past 2 GB the exporter writes each weight as a side
+    # file next to it, and none of those belongs in the entry.
+    raw = folder / "raw" / "exported.onnx"
+    raw.parent.mkdir()
     dynamic = {
         "input_ids": {0: "batch", 1: "length"},
         "attention_mask": {0: "batch", 1: "length"},
@@ -278,9 +281,7 @@ def _export_graph(model: PreTrainedModel, folder: Path) -> dict[str, Any]:
         )
         fused.save_model_to_file(str(folder / MODEL_FILE), use_external_data_format=weight_bytes > EXTERNAL_DATA_BYTES)
         operators = {name: count for name, count in fused.get_fused_operator_statistics().items() if count}
-    for leftover in folder.iterdir():
-        if leftover.name.startswith("exported.onnx"):
-            leftover.unlink()
+    shutil.rmtree(raw.parent)
     return {
         "mask_only_head": graph.mask_only_head,
         "fused_operators": operators,
