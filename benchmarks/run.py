@@ -1,11 +1,13 @@
 """One command, one run: maskserve side by side with the seed's design and the offline pipeline.
 
-    python -m benchmarks.run --quick     # ~10 minutes on 2 cores
+    python -m benchmarks.run --quick     # ~10 minutes on 2 cores (~15 with both backends)
     python -m benchmarks.run             # the full run: more requests and rounds
+    python -m benchmarks.run --backends torch   # maskserve on torch only
 
-For each model (the default model; a random model of bert-base's shape) it starts both servers as
-subprocesses, then repeats rounds that take turns between (a) the seed design, (c) maskserve at
-each concurrency and (b) the offline pipeline at several batch sizes, plain and length-sorted.
+For each model (the default model; a random model of bert-base's shape) it starts the servers as
+subprocesses, then repeats rounds that take turns between (a) the seed design, (c) maskserve on
+each backend (torch, and onnxruntime when installed) at each concurrency and (b) the offline
+pipeline at several batch sizes, plain and length-sorted.
 Numbers drift between runs on a shared machine (FIELD.md §6), so the table reports medians of the
 rounds and, above all, ratios taken inside each round. Only one system computes at a time.
 """
@@ -14,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
+import importlib.util
 import os
 import platform
 import statistics
@@ -37,7 +41,10 @@ from .sentences import make_sentences
 from .servers import RssSampler, Server, free_port, maskserve_argv, rss_bytes, seed_argv
 
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.md"
-SEED, MASKSERVE = "seed design", "maskserve"
+SEED, MASKSERVE, MASKSERVE_ORT = "seed design", "maskserve", "maskserve onnxruntime"
+# maskserve's system name per --backend; the onnxruntime export is cached under .bench-cache/.
+BACKEND_SYSTEMS = {"torch": MASKSERVE, "onnxruntime": MASKSERVE_ORT}
+EXPORT_CACHE = CACHE_DIR / "maskserve-cache"
 
 
 @dataclass(frozen=True)
@@ -83,9 +90,10 @@ class ModelRun:
     model: BenchModel
     plan: Plan
     mean_tokens: float
+    systems: tuple[str, ...] = (MASKSERVE,)  # the maskserve systems measured, torch first
     rounds: list[Round] = field(default_factory=list)
-    rss: list[tuple[float, int]] = field(default_factory=list)
-    rss_after_warmup: int = 0
+    rss: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    rss_after_warmup: dict[str, int] = field(default_factory=dict)
     # The 1/5/15-minute load averages: other work on the machine skews every number (FIELD.md §6).
     load_before: tuple[float, float, float] = (0.0, 0.0, 0.0)
     load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
@@ -159,39 +167,62 @@ def warm_up(server: Server, sentences: Sequence[str], expected: Sequence[Expecte
         log(f"  warm-up of {server.name}: {result.correct}/{n} correct, {dict(result.statuses)}, {result.first_wrong}")
 
 
+def maskserve_server(model: BenchModel, backend: str, log_dir: Path) -> Server:
+    extra = ["--backend", backend, "--cache-dir", str(EXPORT_CACHE)] if backend != "torch" else []
+    name = BACKEND_SYSTEMS[backend]
+    port = free_port()
+    return Server(name, maskserve_argv(model.path, port, *extra), port, log_dir / f"{name.replace(' ', '-')}.log")
+
+
 def run_model(
-    model: BenchModel, plan: Plan, concurrencies: Sequence[int], *, log_dir: Path = CACHE_DIR / "logs"
+    model: BenchModel,
+    plan: Plan,
+    concurrencies: Sequence[int],
+    *,
+    log_dir: Path = CACHE_DIR / "logs",
+    backends: Sequence[str] = ("torch",),
 ) -> ModelRun:
-    """Start both servers for ``model`` and measure ``plan.rounds`` rounds of all three systems."""
+    """Start the servers for ``model`` and measure ``plan.rounds`` rounds of every system."""
     log(f"model {model.name}: {model.path}")
     pipe = offline.load_pipeline(str(model.path))
     sentences = make_sentences(plan.mix)
     lengths = [len(ids) for ids in pipe.tokenizer(sentences)["input_ids"]]
-    result = ModelRun(model, plan, statistics.fmean(lengths), load_before=os.getloadavg())
+    systems = tuple(BACKEND_SYSTEMS[b] for b in backends)
+    result = ModelRun(model, plan, statistics.fmean(lengths), systems, load_before=os.getloadavg())
     expected, _ = offline.reference_answers(pipe, sentences)  # also warms the offline pipeline up
     offline.offline_rate(pipe, sentences, batch_size=8)
     seed = Server(SEED, seed_argv(model.path, port := free_port()), port, log_dir / "seed.log")
-    maskserve = Server(MASKSERVE, maskserve_argv(model.path, port := free_port()), port, log_dir / "maskserve.log")
-    with seed:
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(seed)
         warm_up(seed, sentences, expected, plan)
         seed.pause()
-        with maskserve:
-            sampler = RssSampler(maskserve.pid, 1.0).start()
-            warm_up(maskserve, sentences, expected, plan)
-            result.rss_after_warmup = rss_bytes(maskserve.pid)
-            maskserve.pause()
-            steps: list[Callable[[Round], None]] = [
-                lambda r: measure_server(seed, r, sentences, expected, plan, concurrencies),
-                lambda r: measure_server(maskserve, r, sentences, expected, plan, concurrencies),
-                lambda r: measure_offline(pipe, r, sentences, plan),
-            ]
-            for i in range(plan.rounds):
-                log(f"round {i + 1}/{plan.rounds}")
-                round_ = Round()
-                for step in steps[i % 3 :] + steps[: i % 3]:  # take turns: drift hits each system alike
-                    step(round_)
-                result.rounds.append(round_)
-            result.rss = sampler.stop()
+        samplers: dict[str, RssSampler] = {}
+        servers: list[Server] = []
+        for backend in backends:
+            # One at a time: the others are paused while it starts (an export takes the cores).
+            server = stack.enter_context(maskserve_server(model, backend, log_dir))
+            samplers[server.name] = RssSampler(server.pid, 1.0).start()
+            warm_up(server, sentences, expected, plan)
+            result.rss_after_warmup[server.name] = rss_bytes(server.pid)
+            server.pause()
+            servers.append(server)
+
+        def measuring(server: Server) -> Callable[[Round], None]:
+            return lambda r: measure_server(server, r, sentences, expected, plan, concurrencies)
+
+        steps: list[Callable[[Round], None]] = [
+            measuring(seed),
+            *(measuring(server) for server in servers),
+            lambda r: measure_offline(pipe, r, sentences, plan),
+        ]
+        for i in range(plan.rounds):
+            log(f"round {i + 1}/{plan.rounds}")
+            round_ = Round()
+            turn = i % len(steps)
+            for step in steps[turn:] + steps[:turn]:  # take turns: drift hits each system alike
+                step(round_)
+            result.rounds.append(round_)
+        result.rss = {name: sampler.stop() for name, sampler in samplers.items()}
     result.load_after = os.getloadavg()
     return result
 
@@ -235,6 +266,28 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def ratio_table(run: ModelRun, concurrencies: Sequence[int]) -> list[str]:
+    """Each maskserve system's req/s against the seed, the offline pipeline and maskserve on torch."""
+    against_torch = MASKSERVE in run.systems and len(run.systems) > 1
+    lines = [
+        "| concurrency | system | / seed | / offline sorted | / offline best |"
+        + (f" / {MASKSERVE} (torch) |" if against_torch else ""),
+        "|---|---|---|---|---|" + ("---|" if against_torch else ""),
+    ]
+    for c in concurrencies:
+        for system in run.systems:
+            ms = [r.loads[system, c].rps for r in run.rounds]
+            row = (
+                f"| {c} | {system} | {ratio([m / r.loads[SEED, c].rps for m, r in zip(ms, run.rounds)])} | "
+                f"{ratio([m / r.offline_best(sorted_=True) for m, r in zip(ms, run.rounds)])} | "
+                f"{ratio([m / r.offline_best() for m, r in zip(ms, run.rounds)])} |"
+            )
+            if against_torch:
+                row += f" {ratio([m / r.loads[MASKSERVE, c].rps for m, r in zip(ms, run.rounds)])} |"
+            lines.append(row)
+    return lines
+
+
 def render(runs: Sequence[ModelRun], concurrencies: Sequence[int], command: str, mode: str) -> str:
     lines = [
         "# Benchmark: maskserve vs the seed design vs the offline pipeline",
@@ -245,7 +298,8 @@ def render(runs: Sequence[ModelRun], concurrencies: Sequence[int], command: str,
         f"Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}",
         f"- torch threads: the offline pipeline gets the best of {offline_thread_counts()} (no client competes "
         f"with it); the seed design keeps torch's default ({available_cpus()}); maskserve its own default "
-        f"(up to {available_cpus()}, one for a narrow model's small batches)",
+        f"(up to {available_cpus()}, one for a narrow model's small batches); maskserve onnxruntime "
+        f"{available_cpus()} ONNX Runtime threads that sleep when idle",
         "- req/s: correct answers per second, median of the rounds (min–max); ratios are medians of "
         "per-round ratios. Latencies pool all rounds. Offline = `pipeline(sentences, batch_size=b)` "
         "in-process, best b of the round.",
@@ -266,7 +320,7 @@ def render(runs: Sequence[ModelRun], concurrencies: Sequence[int], command: str,
             "|---|---|---|---|---|---|---|---|",
         ]
         for c in concurrencies:
-            for system in (SEED, MASKSERVE):
+            for system in (SEED, *run.systems):
                 results = [r.loads[system, c] for r in run.rounds]
                 latencies = [ms for r in results for ms in r.latencies_ms]
                 statuses: Counter[str] = sum((r.statuses for r in results), Counter())
@@ -285,36 +339,34 @@ def render(runs: Sequence[ModelRun], concurrencies: Sequence[int], command: str,
         ]
         lines += ["", "| offline (no server) | sentences/s | best batch size |", "|---|---|---|"]
         lines += [f"| {name} | {spread(rates)} | {b} |" for name, rates, b in offline_rows]
-        lines += [
-            "",
-            "| concurrency | maskserve / seed | maskserve / offline sorted | maskserve / offline best |",
-            "|---|---|---|---|",
-        ]
-        for c in concurrencies:
-            ms = [r.loads[MASKSERVE, c].rps for r in run.rounds]
-            lines.append(
-                f"| {c} | {ratio([m / r.loads[SEED, c].rps for m, r in zip(ms, run.rounds)])} | "
-                f"{ratio([m / r.offline_best(sorted_=True) for m, r in zip(ms, run.rounds)])} | "
-                f"{ratio([m / r.offline_best() for m, r in zip(ms, run.rounds)])} |"
-            )
+        lines += ["", *ratio_table(run, concurrencies)]
         if 1 in concurrencies:
             single = [percentile(r.single_call_ms, 50) for r in run.rounds]
-            c1 = [r.loads[MASKSERVE, 1].p(50) for r in run.rounds]
+            lines.append("")
+            for system in run.systems:
+                c1 = [r.loads[system, 1].p(50) for r in run.rounds]
+                lines.append(
+                    f"Concurrency 1: {system} p50 {median(c1):.2f} ms over HTTP vs one offline pipeline call "
+                    f"p50 {median(single):.2f} ms on the same mix: "
+                    f"{median([a - b for a, b in zip(c1, single)]):+.2f} ms (median of per-round differences)."
+                )
+            if MASKSERVE in run.systems and MASKSERVE_ORT in run.systems:
+                p50s = [r.loads[MASKSERVE_ORT, 1].p(50) / r.loads[MASKSERVE, 1].p(50) for r in run.rounds]
+                lines.append(
+                    f"Concurrency 1: {MASKSERVE_ORT} p50 / {MASKSERVE} (torch) p50: {ratio(p50s)} "
+                    "(median of per-round ratios; lower is faster)."
+                )
+        mib = 1024 * 1024
+        for system, samples in run.rss.items():
+            if not samples:
+                continue
+            values, warm = [b for _, b in samples], run.rss_after_warmup[system]
             lines += [
                 "",
-                f"Concurrency 1: maskserve p50 {median(c1):.2f} ms over HTTP vs one offline pipeline call "
-                f"p50 {median(single):.2f} ms on the same mix: "
-                f"{median([a - b for a, b in zip(c1, single)]):+.2f} ms (median of per-round differences).",
-            ]
-        if run.rss:
-            values = [b for _, b in run.rss]
-            mib = 1024 * 1024
-            lines += [
-                "",
-                f"maskserve resident memory (VmRSS, sampled every 1 s over {run.rss[-1][0]:.0f} s): "
-                f"{values[0] / mib:.0f} MiB at start, {run.rss_after_warmup / mib:.0f} MiB after warm-up, "
+                f"{system} resident memory (VmRSS, sampled every 1 s over {samples[-1][0]:.0f} s): "
+                f"{values[0] / mib:.0f} MiB at start, {warm / mib:.0f} MiB after warm-up, "
                 f"max {max(values) / mib:.0f} MiB, {values[-1] / mib:.0f} MiB at the end "
-                f"({(values[-1] - run.rss_after_warmup) / run.rss_after_warmup:+.1%} since warm-up).",
+                f"({(values[-1] - warm) / warm:+.1%} since warm-up).",
             ]
         lines.append("")
     return "\n".join(lines)
@@ -325,6 +377,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="fewer requests and rounds (~10 minutes on 2 cores)")
     parser.add_argument("--models", default="default,bert-base", help="comma-separated: default, bert-base")
     parser.add_argument("--concurrency", default="1,8,64", help="comma-separated client counts")
+    parser.add_argument(
+        "--backends",
+        default="torch,onnxruntime" if importlib.util.find_spec("onnxruntime") else "torch",
+        help="maskserve's backends to measure, comma-separated: torch, onnxruntime (default: both when "
+        "onnxruntime is installed)",
+    )
     parser.add_argument("--rounds", type=int, default=0, help="override the plan's round count")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the Markdown table goes")
     return parser.parse_args(argv)
@@ -339,12 +397,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"unknown model(s) {unknown}; choose from {list(MODELS)}")
     concurrencies = [int(c) for c in args.concurrency.split(",")]
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if not backends or [b for b in backends if b not in BACKEND_SYSTEMS]:
+        raise SystemExit(f"--backends: choose from {list(BACKEND_SYSTEMS)}")
     runs = []
     for key in keys:
         plan = plans[key]
         if args.rounds:
             plan = Plan(plan.mix, plan.requests, plan.batch_sizes, args.rounds, plan.time_cap_s)
-        runs.append(run_model(MODELS[key](), plan, concurrencies, log_dir=CACHE_DIR / "logs" / key))
+        runs.append(run_model(MODELS[key](), plan, concurrencies, log_dir=CACHE_DIR / "logs" / key, backends=backends))
     command = "python -m benchmarks.run " + " ".join(sys.argv[1:] if argv is None else argv)
     report = render(runs, concurrencies, command.strip(), "quick" if args.quick else "full")
     args.out.parent.mkdir(parents=True, exist_ok=True)

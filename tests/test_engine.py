@@ -1,8 +1,12 @@
-"""The engine without HTTP: loading, refusing models that cannot fill masks, and its helpers."""
+"""The engine without HTTP: loading, refusing models that cannot fill masks, and its helpers.
+
+Tests that take ``engine_of`` or ``load_on_backend`` run on each backend (torch, onnxruntime).
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,28 +15,31 @@ import torch
 from maskserve.engine import FillMaskEngine, ModelLoadError, default_model_dir, load_engine, resolve_device
 from maskserve.model_api import Query
 
+from .conftest import EngineOf
 from .models import build_bert, build_maskless
 
+Load = Callable[[str | None], FillMaskEngine]
 
-def test_checkpoint_without_mlm_head_is_refused_naming_missing_weights(tmp_path: Path) -> None:
+
+def test_checkpoint_without_mlm_head_is_refused_naming_missing_weights(tmp_path: Path, load_on_backend: Load) -> None:
     folder = build_bert(tmp_path / "headless", with_head=False)
     with pytest.raises(ModelLoadError) as caught:
-        load_engine(str(folder))
+        load_on_backend(str(folder))
     message = str(caught.value)
     assert "lacks" in message and "masked-LM" in message
     assert "cls.predictions" in message, message  # names the missing weights
 
 
-def test_tokenizer_without_mask_token_is_refused(tmp_path: Path) -> None:
+def test_tokenizer_without_mask_token_is_refused(tmp_path: Path, load_on_backend: Load) -> None:
     folder = build_maskless(tmp_path / "maskless")
     with pytest.raises(ModelLoadError, match="no mask token"):
-        load_engine(str(folder))
+        load_on_backend(str(folder))
 
 
-def test_missing_folder_is_refused(tmp_path: Path) -> None:
+def test_missing_folder_is_refused(tmp_path: Path, load_on_backend: Load) -> None:
     missing = tmp_path / "no-such-model"
     with pytest.raises(ModelLoadError, match="could not load model") as caught:
-        load_engine(str(missing))
+        load_on_backend(str(missing))
     assert str(missing) in str(caught.value)
 
 
@@ -62,20 +69,21 @@ def test_default_model_is_found_without_importing_its_package() -> None:
     assert "cognition" not in sys.modules
 
 
-def test_default_engine_is_the_shipped_bert(default_engine: FillMaskEngine) -> None:
+def test_default_engine_is_the_shipped_bert(engine_of: EngineOf) -> None:
+    default_engine = engine_of("default")
     assert default_engine.mask_token == "[MASK]"
     assert default_engine.max_tokens == 512
 
 
-def test_bert_and_roberta_know_their_mask_and_token_limit(
-    bert_engine: FillMaskEngine, roberta_engine: FillMaskEngine
-) -> None:
+def test_bert_and_roberta_know_their_mask_and_token_limit(engine_of: EngineOf) -> None:
+    bert_engine, roberta_engine = engine_of("bert"), engine_of("roberta")
     assert bert_engine.mask_token == "[MASK]" and bert_engine.max_tokens == 128
     # RoBERTa's positions start after the padding index: 130 positions hold 128 tokens.
     assert roberta_engine.mask_token == "<mask>" and roberta_engine.max_tokens == 128
 
 
-def test_longest_accepted_text_runs(roberta_engine: FillMaskEngine) -> None:
+def test_longest_accepted_text_runs(engine_of: EngineOf) -> None:
+    roberta_engine = engine_of("roberta")
     # A text of exactly max_tokens must fit the position embeddings (an off-by-two would raise).
     ids = roberta_engine.encode(" dog" * 125 + "<mask>")
     assert len(ids) == roberta_engine.max_tokens
@@ -83,7 +91,8 @@ def test_longest_accepted_text_runs(roberta_engine: FillMaskEngine) -> None:
     assert len(answer) == 1 and len(answer[0][0]) == 2
 
 
-def test_encode_adds_special_tokens_and_counts_masks(bert_engine: FillMaskEngine) -> None:
+def test_encode_adds_special_tokens_and_counts_masks(engine_of: EngineOf) -> None:
+    bert_engine = engine_of("bert")
     ids = bert_engine.encode("the [MASK] and the [MASK]")
     tokenizer = bert_engine.tokenizer
     assert ids[0] == tokenizer.cls_token_id and ids[-1] == tokenizer.sep_token_id
@@ -91,12 +100,14 @@ def test_encode_adds_special_tokens_and_counts_masks(bert_engine: FillMaskEngine
     assert bert_engine.count_masks(bert_engine.encode("the dog")) == 0
 
 
-def test_targets_are_resolved_in_order_without_duplicates(bert_engine: FillMaskEngine) -> None:
+def test_targets_are_resolved_in_order_without_duplicates(engine_of: EngineOf) -> None:
+    bert_engine = engine_of("bert")
     to_id = bert_engine.tokenizer.convert_tokens_to_ids
     assert bert_engine.resolve_targets(["dog", "city", "dog"]) == (to_id("dog"), to_id("city"))
 
 
-def test_predict_returns_one_answer_per_query_in_order(bert_engine: FillMaskEngine) -> None:
+def test_predict_returns_one_answer_per_query_in_order(engine_of: EngineOf) -> None:
+    bert_engine = engine_of("bert")
     assert bert_engine.predict([]) == []
     queries = [
         Query(input_ids=bert_engine.encode("[MASK]"), top_k=1),

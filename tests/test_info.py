@@ -33,6 +33,7 @@ async def test_info_describes_model_runtime_settings_and_versions(
     assert model["torch_threads"] == torch.get_num_threads()
     assert model["load_seconds"] > 0
     assert model["quantize"] == "none"
+    assert model["backend"] == "torch" and model["export_path"] is None
     assert info["batching"]["max_batch_size"] == 7
     assert info["breaker"] == {
         "max_queue": 11,

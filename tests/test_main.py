@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import HAS_ONNXRUNTIME, NO_ONNXRUNTIME
 from .live_server import free_port
 from .models import build_bert, build_maskless
 
@@ -168,3 +169,93 @@ def test_a_stop_signal_while_the_model_loads_exits_at_once_and_cleanly() -> None
     output = "".join(lines) + rest
     assert process.returncode == 0, output
     assert "stopped before serving" in output and "Traceback" not in output
+
+
+# Loaded by the child interpreter (PYTHONPATH): the exporter fails as torch.onnx fails on an
+# operator it cannot export, with its usual multi-line message.
+FAILING_EXPORTER = """
+import torch.onnx
+
+def _export(*args, **kwargs):
+    raise RuntimeError(
+        "Exporting the operator 'aten::fake_op' to ONNX opset version 17 is not supported.\\n"
+        "Please feel free to request support or submit a pull request on PyTorch GitHub."
+    )
+
+torch.onnx.export = _export
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_ONNXRUNTIME, reason=NO_ONNXRUNTIME)
+def test_onnxruntime_backend_that_cannot_export_exits_2_with_one_clear_line(tmp_path: Path) -> None:
+    model = str(build_bert(tmp_path / "bert"))
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(FAILING_EXPORTER, encoding="utf-8")
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("", encoding="utf-8")
+    port = free_port()
+    cases = {
+        "exporter fails": (["--cache-dir", str(tmp_path / "cache")], {"PYTHONPATH": str(hooks)}),
+        "cache unwritable": (["--cache-dir", str(not_a_folder)], {}),
+    }
+    processes = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "maskserve", "--backend", "onnxruntime", "--model", model, "--port", str(port)]
+            + args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**cli_env(), **env},
+        )
+        for name, (args, env) in cases.items()
+    }
+    expected = {
+        "exporter fails": "cannot start: could not export the model to ONNX: Exporting the operator "
+        "'aten::fake_op' to ONNX opset version 17 is not supported.",
+        "cache unwritable": f"cannot start: cannot write the export cache in {not_a_folder}/onnx: Not a directory",
+    }
+    for name, process in processes.items():
+        _, stderr = process.communicate(timeout=120)
+        assert process.returncode == 2, f"{name}: {stderr}"
+        [line] = [line for line in stderr.splitlines() if "cannot start" in line]
+        assert line.endswith(expected[name]), f"{name}: {stderr}"
+        assert "Traceback" not in stderr and "Please feel free" not in stderr, f"{name}: {stderr}"
+        assert "serving" not in stderr, f"{name}: {stderr}"  # nothing was served instead
+    assert (
+        not (tmp_path / "cache" / "onnx").exists()
+        or [p for p in (tmp_path / "cache" / "onnx").iterdir() if not p.name.startswith(".")] == []
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_ONNXRUNTIME, reason=NO_ONNXRUNTIME)
+def test_onnxruntime_backend_serves_the_default_model_and_reuses_its_export_on_restart(tmp_path: Path) -> None:
+    logs = []
+    for _ in range(2):
+        port = free_port()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "maskserve", "--backend", "onnxruntime", "--cache-dir", str(tmp_path)]
+            + ["--port", str(port), "--torch-threads", "1"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=cli_env(),
+        )
+        try:
+            answer = wait_until_serving(process, f"http://127.0.0.1:{port}/")
+            assert answer[0]["token_str"] == "city"
+            assert answer[0]["sequence"] == "paris is the city of france."
+            process.send_signal(signal.SIGTERM)
+            _, stderr = process.communicate(timeout=30)
+            assert process.returncode == 0, stderr
+            logs.append(stderr)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    assert "exporting" in logs[0] and "new export" in logs[0]
+    assert "exporting" not in logs[1] and "cached export" in logs[1]
+    [entry] = (tmp_path / "onnx").iterdir()
+    assert entry.name in logs[1]

@@ -6,6 +6,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,8 @@ OTHER_VALUES: dict[str, tuple[str, object]] = {
     "dtype": ("float16", "float16"),
     "quantize": ("int8", "int8"),
     "torch_threads": ("3", 3),
+    "backend": ("onnxruntime", "onnxruntime"),
+    "cache_dir": ("/var/cache/maskserve", "/var/cache/maskserve"),
     "max_batch_size": ("7", 7),
     "max_batch_tokens": ("999", 999),
     "max_batch_delay": ("0.005", 0.005),
@@ -50,6 +53,7 @@ BAD_VALUES: dict[str, str] = {
     "dtype": "int8",
     "quantize": "int4",
     "torch_threads": "many",
+    "backend": "tensorrt",
     "max_batch_size": "0",
     "max_batch_tokens": "-5",
     "max_batch_delay": "-1",
@@ -170,6 +174,16 @@ def test_torch_threads_default_to_the_cpus_this_process_may_use_adaptively() -> 
     assert not Settings(torch_threads=3).adaptive_torch_threads
     assert 1 <= available_cpus() <= len(os.sched_getaffinity(0))
     assert Settings(torch_threads=3).resolved_torch_threads() == 3
+
+
+def test_cache_dir_defaults_to_xdg_cache_home_then_home(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", "/home/op")
+    assert Settings().resolved_cache_dir(env={}) == Path("/home/op/.cache/maskserve")
+    assert Settings().resolved_cache_dir(env={"XDG_CACHE_HOME": "/xdg"}) == Path("/xdg/maskserve")
+    # The XDG spec ignores a relative path.
+    assert Settings().resolved_cache_dir(env={"XDG_CACHE_HOME": "rel"}) == Path("/home/op/.cache/maskserve")
+    given = load_settings(["--cache-dir", "/srv/cache"], env={"XDG_CACHE_HOME": "/xdg"})
+    assert given.resolved_cache_dir(env={"XDG_CACHE_HOME": "/xdg"}) == Path("/srv/cache")
 
 
 def test_help_lists_every_flag_and_its_variable() -> None:

@@ -43,13 +43,18 @@ def _load_and_serve(settings: Settings) -> int:
         return run_workers(settings)
     # Load before binding the port: a model that cannot be served exits non-zero with nothing
     # half started.
-    from .engine import ModelLoadError
+    from .engine import BackendUnavailable, ModelLoadError
 
     try:
         model = load_model(settings)
     except ModelLoadError as exc:
         log.error("cannot start: %s", exc)
         return 1
+    except BackendUnavailable as exc:
+        # --backend cannot serve this model as asked (a failed export, a missing package): refuse
+        # rather than serve it some other way.
+        log.error("cannot start: %s", exc)
+        return 2
     app = create_app(settings, engine=model)
     log.info("serving %s on http://%s:%d/", model.name, settings.host, settings.port)
     try:

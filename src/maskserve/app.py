@@ -51,6 +51,17 @@ SETTINGS_CHECKS: dict[str, SettingsCheck] = {
 
 def load_model(settings: Settings) -> FillMaskModel:
     """Load the engine named by the settings. Imported lazily: the HTTP side never imports torch."""
+    if settings.backend == "onnxruntime":
+        from .engine.onnxruntime import load_onnx_engine
+
+        return load_onnx_engine(
+            settings.model,
+            cache_dir=settings.resolved_cache_dir(),
+            device=settings.device,
+            dtype=settings.dtype,
+            threads=settings.resolved_torch_threads(),
+            quantize=settings.quantize,
+        )
     from .engine import load_engine
 
     return load_engine(

@@ -28,6 +28,7 @@ def model_section(model: FillMaskModel | None, name: str) -> Section | None:
     return {
         "name": name,
         "source": description.get("source", model.name),
+        "backend": description.get("backend"),
         "architecture": description.get("architecture"),
         "mask_token": model.mask_token,
         "max_tokens": model.max_tokens,
@@ -35,6 +36,10 @@ def model_section(model: FillMaskModel | None, name: str) -> Section | None:
         "dtype": description.get("dtype"),
         "torch_threads": description.get("torch_threads"),
         "mask_only_head": description.get("mask_only_head"),
+        # The onnxruntime backend's own (null on torch): its threads, and the graph it runs.
+        "onnxruntime_threads": description.get("onnxruntime_threads"),
+        "export_cache_key": description.get("export_cache_key"),
+        "export_path": description.get("export_path"),
         "load_seconds": description.get("load_seconds"),
     }
 
@@ -74,6 +79,7 @@ def server_info(
             "maskserve": __version__,
             "torch": description.get("torch_version"),
             "transformers": description.get("transformers_version"),
+            "onnxruntime": description.get("onnxruntime_version"),
             "aiohttp": aiohttp.__version__,
             "python": platform.python_version(),
         },

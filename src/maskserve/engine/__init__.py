@@ -1,0 +1,50 @@
+"""The engine: model loading and batched fill-mask inference. Imports no aiohttp: it knows
+nothing of HTTP.
+
+An engine reproduces ``transformers.pipeline("fill-mask")`` answer for answer (same tokens, same
+order, scores within float noise), but runs the masked-LM head only at mask positions and takes
+already tokenized, length-varied batches. It implements ``model_api.FillMaskModel``.
+
+    base.py         what every backend shares: loading and its refusals, the thread policy,
+                    FillMaskEngine (tokens, targets, top-k, sequences, describe)
+    torch.py        the torch backend (--backend torch): any device, dtype, --quantize
+    onnxruntime.py  the onnxruntime backend (maskserve[onnx]): the graph run by ONNX Runtime
+    onnx_export.py  that graph: export, fusion, the content-keyed disk cache
+
+Importing this package imports torch, and neither onnx nor onnxruntime: the onnxruntime backend
+is imported by name, only when asked for.
+"""
+
+from __future__ import annotations
+
+from .base import (
+    DEFAULT_MODEL_PACKAGE,
+    PARALLEL_MIN_FLOPS,
+    PARALLEL_MIN_FLOPS_PER_TOKEN,
+    BackendUnavailable,
+    FillMaskEngine,
+    ModelLoadError,
+    ThreadPolicy,
+    default_model_dir,
+    encoder_flops_per_token,
+    resolve_device,
+    resolve_dtype,
+)
+from .torch import TorchFillMaskEngine, load_engine, quantize_int8
+
+__all__ = [
+    "DEFAULT_MODEL_PACKAGE",
+    "PARALLEL_MIN_FLOPS",
+    "PARALLEL_MIN_FLOPS_PER_TOKEN",
+    "BackendUnavailable",
+    "FillMaskEngine",
+    "ModelLoadError",
+    "ThreadPolicy",
+    "TorchFillMaskEngine",
+    "default_model_dir",
+    "encoder_flops_per_token",
+    "load_engine",
+    "quantize_int8",
+    "resolve_device",
+    "resolve_dtype",
+]

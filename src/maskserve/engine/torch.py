@@ -1,0 +1,171 @@
+"""The torch backend: any model, device, dtype or ``--quantize``; threads sized per batch."""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel
+
+from .base import (
+    FillMaskEngine,
+    ModelLoadError,
+    ThreadPolicy,
+    default_model_dir,
+    encoder_flops_per_token,
+    load_pretrained,
+    probe_texts,
+    resolve_device,
+    resolve_dtype,
+    split_mlm_head,
+)
+
+log = logging.getLogger(__name__)
+
+
+class TorchFillMaskEngine(FillMaskEngine):
+    """The torch backend: any model, device, dtype or ``--quantize``; threads sized per batch."""
+
+    backend = "torch"
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        model: PreTrainedModel,
+        *,
+        name: str,
+        device: torch.device,
+        threads: ThreadPolicy | None = None,
+    ) -> None:
+        self.model = model.eval()  # type: ignore[no-untyped-call]
+        super().__init__(
+            tokenizer,
+            model.config,
+            name=name,
+            device=device,
+            threads=threads or ThreadPolicy(torch.get_num_threads(), False, encoder_flops_per_token(model)),
+            architecture=type(model).__name__,
+            dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+        )
+        self._split_head = self._find_split_head()
+
+    def _describe_backend(self) -> dict[str, str | int | float]:
+        return {
+            "torch_threads": self.threads.max_threads,
+            "thread_policy": "one thread for small batches" if self.threads.adaptive else "fixed",
+            "mask_only_head": "yes" if self._split_head is not None else "no",
+        }
+
+    def _mask_logits(
+        self, input_ids: np.ndarray, attention_mask: np.ndarray, rows: np.ndarray, cols: np.ndarray
+    ) -> torch.Tensor:
+        wanted = self.threads.threads_for(input_ids.size)
+        if wanted != torch.get_num_threads():
+            torch.set_num_threads(wanted)
+        return self._torch_mask_logits(input_ids, attention_mask, rows, cols, split=self._split_head)
+
+    def _torch_mask_logits(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        rows: np.ndarray,
+        cols: np.ndarray,
+        *,
+        split: tuple[torch.nn.Module, torch.nn.Module] | None,
+    ) -> torch.Tensor:
+        ids = torch.from_numpy(input_ids).to(self.device)
+        attention = torch.from_numpy(attention_mask).to(self.device)
+        at_rows, at_cols = torch.from_numpy(rows).to(self.device), torch.from_numpy(cols).to(self.device)
+        if split is not None:
+            base, head = split
+            hidden = base(input_ids=ids, attention_mask=attention)[0]
+            logits: torch.Tensor = head(hidden[at_rows, at_cols])
+            return logits
+        full: torch.Tensor = self.model(input_ids=ids, attention_mask=attention).logits
+        return full[at_rows, at_cols]
+
+    def _find_split_head(self) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+        """(encoder, MLM head) if running the head on mask rows only gives the full model's logits.
+
+        That skips a (hidden x vocabulary) projection at every other position. It is kept only if
+        it agrees with the full model on a probe batch.
+        """
+        split = split_mlm_head(self.model)
+        if split is None:
+            return None
+        ids, attention = self._pad(probe_texts(self.tokenizer))
+        rows, cols = np.nonzero(ids == self.mask_token_id)
+        with torch.inference_mode():
+            full = self._torch_mask_logits(ids, attention, rows, cols, split=None)
+            try:
+                mask_only = self._torch_mask_logits(ids, attention, rows, cols, split=split)
+            except Exception:  # noqa: BLE001 - any failure means: use the full model
+                return None
+        if mask_only.shape != full.shape or not torch.allclose(mask_only, full, atol=1e-4):
+            log.info("mask-only MLM head disagrees with the full model; using the full model")
+            return None
+        return split
+
+
+def quantize_int8(model: PreTrainedModel) -> PreTrainedModel:
+    """Dynamic int8 quantization of every Linear layer: weights int8, activations quantized per batch.
+
+    torch.ao's eager API is deprecated in favour of torchao, which would be a new dependency for
+    one call; its warning is silenced here, and only here, on purpose.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torch.ao.quantization import quantize_dynamic
+
+        quantized: PreTrainedModel = quantize_dynamic(  # type: ignore[no-untyped-call]
+            model, {torch.nn.Linear}, dtype=torch.qint8
+        )
+    return quantized
+
+
+def load_engine(
+    model: str | None,
+    *,
+    device: str = "cpu",
+    dtype: str = "auto",
+    threads: int = 1,
+    adaptive_threads: bool = False,
+    quantize: str = "none",
+) -> TorchFillMaskEngine:
+    """Load the tokenizer and masked-LM model once, refusing any model that cannot fill masks."""
+    started = time.perf_counter()
+    torch.set_num_threads(threads)
+    target_device = resolve_device(device)
+    target_dtype = resolve_dtype(dtype, target_device)
+    log.info(
+        "loading model from %s on %s (%s, %d torch threads%s)",
+        model or default_model_dir(),
+        target_device,
+        target_dtype,
+        threads,
+        ", one for small batches" if adaptive_threads else "",
+    )
+    loaded = load_pretrained(model, device=target_device, dtype=target_dtype)
+    served = loaded.model
+    if quantize == "int8":
+        if target_device.type != "cpu":
+            raise ModelLoadError("--quantize int8 runs on the CPU only; use --dtype float16 on CUDA")
+        served = quantize_int8(served)
+    policy = ThreadPolicy(threads, adaptive_threads, encoder_flops_per_token(served))
+    engine = TorchFillMaskEngine(loaded.tokenizer, served, name=loaded.name, device=target_device, threads=policy)
+    engine.source = loaded.source
+    engine.load_seconds = time.perf_counter() - started
+    log.info(
+        "model ready in %.2fs: %s%s, mask token %s, up to %d tokens, mask-only head: %s",
+        engine.load_seconds,
+        type(served).__name__,
+        " (int8)" if quantize == "int8" else "",
+        engine.mask_token,
+        engine.max_tokens,
+        engine._split_head is not None,
+    )
+    return engine
