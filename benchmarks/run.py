@@ -1,13 +1,16 @@
 """One command, one run: maskserve side by side with the seed's design and the offline pipeline.
 
-    python -m benchmarks.run --quick     # ~10 minutes on 2 cores (~15 with both backends)
+    python -m benchmarks.run --quick     # ~20 minutes on 2 cores
     python -m benchmarks.run             # the full run: more requests and rounds
-    python -m benchmarks.run --backends torch   # maskserve on torch only
+    python -m benchmarks.run --backends torch --no-extras   # maskserve on torch only
 
 For each model (the default model; a random model of bert-base's shape) it starts the servers as
 subprocesses, then repeats rounds that take turns between (a) the seed design, (c) maskserve on
-each backend (torch, and onnxruntime when installed) at each concurrency and (b) the offline
-pipeline at several batch sizes, plain and length-sorted.
+each backend (torch, and onnxruntime when installed) in closed loops at each concurrency,
+(b) the offline pipeline at several batch sizes, plain and length-sorted, and (d) concurrency 1
+*interleaved* (interleaved.py): every sentence sent to each server in turn and to one offline
+pipeline call. On the default model two extra systems run at concurrency 64: maskserve with
+tracing on, and maskserve with ``--workers 2``.
 Numbers drift between runs on a shared machine (FIELD.md §6), so the table reports medians of the
 rounds and, above all, ratios taken inside each round. Only one system computes at a time.
 """
@@ -23,6 +26,7 @@ import os
 import platform
 import statistics
 import sys
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +39,7 @@ import transformers
 from maskserve.settings import available_cpus
 
 from . import offline
+from .interleaved import OFFLINE, Interleaved, run_interleaved
 from .load import Expected, LoadResult, percentile, run_load
 from .models import CACHE_DIR, BenchModel, bert_base_model, default_model
 from .sentences import make_sentences
@@ -45,6 +50,15 @@ SEED, MASKSERVE, MASKSERVE_ORT = "seed design", "maskserve", "maskserve onnxrunt
 # maskserve's system name per --backend; the onnxruntime export is cached under .bench-cache/.
 BACKEND_SYSTEMS = {"torch": MASKSERVE, "onnxruntime": MASKSERVE_ORT}
 EXPORT_CACHE = CACHE_DIR / "maskserve-cache"
+# Extra systems, on the default model only, each measured at EXTRA_CONCURRENCY: what tracing costs,
+# and what a second worker gives. (name, extra flags, extra environment)
+TRACED, WORKERS = "maskserve, tracing on", "maskserve, 2 workers"
+EXTRAS: tuple[tuple[str, tuple[str, ...], dict[str, str]], ...] = (
+    # The console exporter: every span formatted as JSON, the most work an exporter does here.
+    (TRACED, (), {"OTEL_TRACES_EXPORTER": "console"}),
+    (WORKERS, ("--workers", "2"), {}),
+)
+EXTRA_CONCURRENCY = 64
 
 
 @dataclass(frozen=True)
@@ -63,12 +77,12 @@ class Plan:
 
 # The bert-base shape runs at ~14 sentences/s here: few requests, or a round takes minutes.
 QUICK = {
-    "default": Plan(128, {1: 128, 8: 256, 64: 512}, (1, 8, 32, 64), 3, 90.0),
-    "bert-base": Plan(32, {1: 32, 8: 48, 64: 128}, (1, 8, 32), 3, 90.0),
+    "default": Plan(128, {8: 256, 64: 512}, (1, 8, 32, 64), 3, 90.0),
+    "bert-base": Plan(32, {8: 48, 64: 128}, (1, 8, 32), 3, 90.0),
 }
 FULL = {
-    "default": Plan(512, {1: 512, 8: 2048, 64: 4096}, (1, 8, 16, 32, 64), 5, 300.0),
-    "bert-base": Plan(128, {1: 128, 8: 256, 64: 512}, (1, 8, 16, 32, 64), 5, 300.0),
+    "default": Plan(512, {8: 2048, 64: 4096}, (1, 8, 16, 32, 64), 5, 300.0),
+    "bert-base": Plan(128, {8: 256, 64: 512}, (1, 8, 16, 32, 64), 5, 300.0),
 }
 MODELS: dict[str, Callable[[], BenchModel]] = {"default": default_model, "bert-base": bert_base_model}
 
@@ -80,6 +94,7 @@ class Round:
     loads: dict[tuple[str, int], LoadResult] = field(default_factory=dict)
     offline: dict[tuple[bool, int], float] = field(default_factory=dict)  # (sorted, batch) -> sentences/s
     single_call_ms: list[float] = field(default_factory=list)
+    interleaved: Interleaved | None = None
 
     def offline_best(self, *, sorted_: bool | None = None) -> float:
         return max(rate for (s, _), rate in self.offline.items() if sorted_ is None or s == sorted_)
@@ -91,6 +106,9 @@ class ModelRun:
     plan: Plan
     mean_tokens: float
     systems: tuple[str, ...] = (MASKSERVE,)  # the maskserve systems measured, torch first
+    extras: tuple[str, ...] = ()  # the extra systems (EXTRAS), measured at EXTRA_CONCURRENCY only
+    # What the 2-worker server's /metrics said at the end: fill_mask requests per worker label.
+    worker_requests: dict[str, float] = field(default_factory=dict)
     rounds: list[Round] = field(default_factory=list)
     rss: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     rss_after_warmup: dict[str, int] = field(default_factory=dict)
@@ -167,11 +185,59 @@ def warm_up(server: Server, sentences: Sequence[str], expected: Sequence[Expecte
         log(f"  warm-up of {server.name}: {result.correct}/{n} correct, {dict(result.statuses)}, {result.first_wrong}")
 
 
-def maskserve_server(model: BenchModel, backend: str, log_dir: Path) -> Server:
+def maskserve_server(
+    model: BenchModel,
+    backend: str,
+    log_dir: Path,
+    *,
+    name: str | None = None,
+    flags: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+) -> Server:
     extra = ["--backend", backend, "--cache-dir", str(EXPORT_CACHE)] if backend != "torch" else []
-    name = BACKEND_SYSTEMS[backend]
+    name = name or BACKEND_SYSTEMS[backend]
     port = free_port()
-    return Server(name, maskserve_argv(model.path, port, *extra), port, log_dir / f"{name.replace(' ', '-')}.log")
+    log_path = log_dir / f"{name.replace(' ', '-').replace(',', '')}.log"
+    return Server(name, maskserve_argv(model.path, port, *extra, *flags), port, log_path, env=env)
+
+
+def measure_interleaved(
+    servers: Sequence[Server], pipe: Any, run: Round, sentences: Sequence[str], expected: Sequence[Expected]
+) -> None:
+    """Concurrency 1, every sentence to each server in turn and to one offline call (interleaved.py)."""
+    for server in servers:
+        server.resume()
+    try:
+        result = run_interleaved({s.name: s.url for s in servers}, sentences, expected, lambda s: pipe(s, top_k=5))
+    finally:
+        for server in servers:
+            server.pause()
+    run.interleaved = result
+    log(
+        "  interleaved c=1 p50: "
+        + ", ".join(f"{name} {result.p(name, 50):.2f} ms" for name in result.latencies_ms)
+        + (f"  wrong {dict(result.wrong)}" if result.wrong else "")
+        + (f"  failed {dict(result.failed)}" if result.failed else "")
+    )
+
+
+def worker_requests(server: Server) -> dict[str, float]:
+    """fill_mask requests per ``worker`` label in one scrape of the server's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    server.resume()
+    try:
+        with urllib.request.urlopen(server.url + "metrics", timeout=30) as response:
+            text = response.read().decode()
+    finally:
+        server.pause()
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "maskserve_requests_total" and sample.labels.get("route") == "fill_mask":
+                worker = sample.labels.get("worker", "-")
+                counts[worker] = counts.get(worker, 0.0) + sample.value
+    return counts
 
 
 def run_model(
@@ -181,6 +247,7 @@ def run_model(
     *,
     log_dir: Path = CACHE_DIR / "logs",
     backends: Sequence[str] = ("torch",),
+    extras: bool = False,
 ) -> ModelRun:
     """Start the servers for ``model`` and measure ``plan.rounds`` rounds of every system."""
     log(f"model {model.name}: {model.path}")
@@ -188,7 +255,10 @@ def run_model(
     sentences = make_sentences(plan.mix)
     lengths = [len(ids) for ids in pipe.tokenizer(sentences)["input_ids"]]
     systems = tuple(BACKEND_SYSTEMS[b] for b in backends)
-    result = ModelRun(model, plan, statistics.fmean(lengths), systems, load_before=os.getloadavg())
+    extra_systems = EXTRAS if extras else ()
+    result = ModelRun(
+        model, plan, statistics.fmean(lengths), systems, tuple(e[0] for e in extra_systems), load_before=os.getloadavg()
+    )
     expected, _ = offline.reference_answers(pipe, sentences)  # also warms the offline pipeline up
     offline.offline_rate(pipe, sentences, batch_size=8)
     seed = Server(SEED, seed_argv(model.path, port := free_port()), port, log_dir / "seed.log")
@@ -207,13 +277,22 @@ def run_model(
             server.pause()
             servers.append(server)
 
-        def measuring(server: Server) -> Callable[[Round], None]:
-            return lambda r: measure_server(server, r, sentences, expected, plan, concurrencies)
+        extra_servers: list[Server] = []
+        for name, flags, env in extra_systems:
+            server = stack.enter_context(maskserve_server(model, "torch", log_dir, name=name, flags=flags, env=env))
+            warm_up(server, sentences, expected, plan)
+            server.pause()
+            extra_servers.append(server)
+
+        def measuring(server: Server, at: Sequence[int] = concurrencies) -> Callable[[Round], None]:
+            return lambda r: measure_server(server, r, sentences, expected, plan, at)
 
         steps: list[Callable[[Round], None]] = [
             measuring(seed),
             *(measuring(server) for server in servers),
+            *(measuring(server, [EXTRA_CONCURRENCY]) for server in extra_servers),
             lambda r: measure_offline(pipe, r, sentences, plan),
+            lambda r: measure_interleaved([seed, *servers], pipe, r, sentences, expected),
         ]
         for i in range(plan.rounds):
             log(f"round {i + 1}/{plan.rounds}")
@@ -223,6 +302,9 @@ def run_model(
                 step(round_)
             result.rounds.append(round_)
         result.rss = {name: sampler.stop() for name, sampler in samplers.items()}
+        workers = [server for server in extra_servers if server.name == WORKERS]
+        if workers:
+            result.worker_requests = worker_requests(workers[0])
     result.load_after = os.getloadavg()
     return result
 
@@ -288,6 +370,67 @@ def ratio_table(run: ModelRun, concurrencies: Sequence[int]) -> list[str]:
     return lines
 
 
+def interleaved_section(run: ModelRun) -> list[str]:
+    """Concurrency 1, interleaved: p50/p90 per system and paired differences, all rounds pooled."""
+    passes = [r.interleaved for r in run.rounds if r.interleaved is not None]
+    if not passes:
+        return []
+    systems = list(passes[0].latencies_ms)
+    pooled = Interleaved({name: [ms for p in passes for ms in p.latencies_ms[name]] for name in systems})
+    for p in passes:
+        pooled.wrong.update(p.wrong)
+        pooled.failed.update(p.failed)
+    lines = [
+        "",
+        f"Concurrency 1, interleaved: each of the {len(passes[0].latencies_ms[systems[0]])} sentences sent to "
+        f"every system in turn (the order rotating), {len(passes)} rounds pooled; a paired difference is the "
+        "median over sentences of this system's latency minus the other's on the same sentence.",
+        "",
+        f"| system | p50 ms | p90 ms | − {SEED}, paired | − {OFFLINE}, paired | wrong / failed |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in systems:
+        against_seed = f"{pooled.paired(name, SEED):+.2f} ms" if name != SEED else "–"
+        against_offline = f"{pooled.paired(name, OFFLINE):+.2f} ms" if name != OFFLINE else "–"
+        lines.append(
+            f"| {name} | {pooled.p(name, 50):.2f} | {pooled.p(name, 90):.2f} | {against_seed} | {against_offline} | "
+            f"{pooled.wrong[name]} / {pooled.failed[name]} |"
+        )
+    if MASKSERVE in systems and MASKSERVE_ORT in systems:
+        per_round = [p.p(MASKSERVE_ORT, 50) / p.p(MASKSERVE, 50) for p in passes]
+        lines += [
+            "",
+            f"Concurrency 1 (interleaved): {MASKSERVE_ORT} p50 / {MASKSERVE} (torch) p50 = {ratio(per_round)} "
+            f"(median of per-round ratios, {', '.join(f'{x:.2f}' for x in per_round)}; lower is faster).",
+        ]
+    return lines
+
+
+def extras_section(run: ModelRun) -> list[str]:
+    """What tracing costs and what a second worker gives, at EXTRA_CONCURRENCY, paired per round."""
+    c, lines = EXTRA_CONCURRENCY, []
+    if not all((MASKSERVE, c) in r.loads for r in run.rounds):
+        return lines  # nothing to compare with: maskserve on torch was not measured at c
+    if TRACED in run.extras:
+        rates = [r.loads[TRACED, c].rps / r.loads[MASKSERVE, c].rps for r in run.rounds]
+        p50 = [r.loads[TRACED, c].p(50) - r.loads[MASKSERVE, c].p(50) for r in run.rounds]
+        lines += [
+            "",
+            f"Tracing (OpenTelemetry, console exporter, every span exported) at c={c}: {ratio(rates)} the "
+            f"req/s of tracing off, p50 {median(p50):+.1f} ms (medians of per-round figures).",
+        ]
+    if WORKERS in run.extras:
+        rates = [r.loads[WORKERS, c].rps / r.loads[MASKSERVE, c].rps for r in run.rounds]
+        counts = ", ".join(f'worker="{w}": {n:.0f}' for w, n in sorted(run.worker_requests.items()))
+        lines += [
+            "",
+            f"--workers 2 at c={c}: {ratio(rates)} the req/s of one worker (median of per-round ratios; "
+            f"{available_cpus()} CPUs, one torch thread per worker). Its /metrics at the end, one scrape, "
+            f'maskserve_requests_total{{route="fill_mask"}} by worker: {counts}.',
+        ]
+    return lines
+
+
 def render(runs: Sequence[ModelRun], concurrencies: Sequence[int], command: str, mode: str) -> str:
     lines = [
         "# Benchmark: maskserve vs the seed design vs the offline pipeline",
@@ -319,19 +462,20 @@ def render(runs: Sequence[ModelRun], concurrencies: Sequence[int], command: str,
             "| concurrency | system | req/s | p50 ms | p90 ms | p99 ms | statuses | wrong answers |",
             "|---|---|---|---|---|---|---|---|",
         ]
-        for c in concurrencies:
-            for system in (SEED, *run.systems):
-                results = [r.loads[system, c] for r in run.rounds]
-                latencies = [ms for r in results for ms in r.latencies_ms]
-                statuses: Counter[str] = sum((r.statuses for r in results), Counter())
-                capped = " (time cap hit)" if any(r.capped for r in results) else ""
-                lines.append(
-                    f"| {c} | {system} | {spread([r.rps for r in results])}{capped} | "
-                    f"{percentile(latencies, 50):.1f} | {percentile(latencies, 90):.1f} | "
-                    f"{percentile(latencies, 99):.1f} | "
-                    + ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items()))
-                    + f" | {sum(r.wrong for r in results)} |"
-                )
+        rows = [(c, system) for c in concurrencies for system in (SEED, *run.systems)]
+        rows += [(EXTRA_CONCURRENCY, system) for system in run.extras]
+        for c, system in rows:
+            results = [r.loads[system, c] for r in run.rounds]
+            latencies = [ms for r in results for ms in r.latencies_ms]
+            statuses: Counter[str] = sum((r.statuses for r in results), Counter())
+            capped = " (time cap hit)" if any(r.capped for r in results) else ""
+            lines.append(
+                f"| {c} | {system} | {spread([r.rps for r in results])}{capped} | "
+                f"{percentile(latencies, 50):.1f} | {percentile(latencies, 90):.1f} | "
+                f"{percentile(latencies, 99):.1f} | "
+                + ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items()))
+                + f" | {sum(r.wrong for r in results)} |"
+            )
         best_b = {s: _best_batch_size(run, sorted_=s) for s in (False, True)}
         offline_rows = [
             ("offline pipeline, plain order", [r.offline_best(sorted_=False) for r in run.rounds], best_b[False]),
@@ -340,6 +484,8 @@ def render(runs: Sequence[ModelRun], concurrencies: Sequence[int], command: str,
         lines += ["", "| offline (no server) | sentences/s | best batch size |", "|---|---|---|"]
         lines += [f"| {name} | {spread(rates)} | {b} |" for name, rates, b in offline_rows]
         lines += ["", *ratio_table(run, concurrencies)]
+        lines += interleaved_section(run)
+        lines += extras_section(run)
         if 1 in concurrencies:
             single = [percentile(r.single_call_ms, 50) for r in run.rounds]
             lines.append("")
@@ -376,12 +522,22 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests and rounds (~10 minutes on 2 cores)")
     parser.add_argument("--models", default="default,bert-base", help="comma-separated: default, bert-base")
-    parser.add_argument("--concurrency", default="1,8,64", help="comma-separated client counts")
+    parser.add_argument(
+        "--concurrency",
+        default="8,64",
+        help="comma-separated client counts of the closed loops (concurrency 1 is measured interleaved)",
+    )
     parser.add_argument(
         "--backends",
         default="torch,onnxruntime" if importlib.util.find_spec("onnxruntime") else "torch",
         help="maskserve's backends to measure, comma-separated: torch, onnxruntime (default: both when "
         "onnxruntime is installed)",
+    )
+    parser.add_argument(
+        "--extras",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help=f"on the default model, also measure {TRACED!r} and {WORKERS!r} at c={EXTRA_CONCURRENCY}",
     )
     parser.add_argument("--rounds", type=int, default=0, help="override the plan's round count")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the Markdown table goes")
@@ -405,7 +561,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = plans[key]
         if args.rounds:
             plan = Plan(plan.mix, plan.requests, plan.batch_sizes, args.rounds, plan.time_cap_s)
-        runs.append(run_model(MODELS[key](), plan, concurrencies, log_dir=CACHE_DIR / "logs" / key, backends=backends))
+        runs.append(
+            run_model(
+                MODELS[key](),
+                plan,
+                concurrencies,
+                log_dir=CACHE_DIR / "logs" / key,
+                backends=backends,
+                extras=args.extras and key == "default",
+            )
+        )
     command = "python -m benchmarks.run " + " ".join(sys.argv[1:] if argv is None else argv)
     report = render(runs, concurrencies, command.strip(), "quick" if args.quick else "full")
     args.out.parent.mkdir(parents=True, exist_ok=True)

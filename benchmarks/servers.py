@@ -49,12 +49,21 @@ def rss_bytes(pid: int) -> int:
 class Server:
     """One server process, its log in ``log_path``; a context manager that always stops it."""
 
-    def __init__(self, name: str, argv: list[str], port: int, log_path: Path, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        port: int,
+        log_path: Path,
+        host: str = "127.0.0.1",
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.name = name
         self.argv = argv
         self.port = port
         self.url = f"http://{host}:{port}/"
         self.log_path = log_path
+        self.env = env or {}  # added to the environment (OTEL_TRACES_EXPORTER for a traced run)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -65,9 +74,12 @@ class Server:
 
     def start(self, ready_timeout_s: float = 300.0) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **self.env}
         with open(self.log_path, "wb") as log:  # the child keeps its own copy of the descriptor
-            self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+            # Its own process group: pausing a server pauses its workers too (--workers).
+            self.process = subprocess.Popen(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         deadline = time.monotonic() + ready_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -87,10 +99,10 @@ class Server:
             return False
 
     def pause(self) -> None:
-        os.kill(self.pid, signal.SIGSTOP)
+        os.killpg(self.pid, signal.SIGSTOP)
 
     def resume(self) -> None:
-        os.kill(self.pid, signal.SIGCONT)
+        os.killpg(self.pid, signal.SIGCONT)
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
@@ -103,6 +115,8 @@ class Server:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        with contextlib.suppress(ProcessLookupError):  # a worker its parent left behind
+            os.killpg(self.process.pid, signal.SIGKILL)
 
     def log_tail(self, chars: int = 2000) -> str:
         try:

@@ -126,28 +126,54 @@ def test_length_sorting_keeps_every_sentence_and_orders_by_tokens(default_pipe: 
 def test_one_run_measures_seed_maskserve_and_offline_and_renders_the_table(tmp_path: Path) -> None:
     pytest.importorskip("starlette", reason="the seed design needs the bench extra: pip install starlette uvicorn")
     pytest.importorskip("uvicorn", reason="the seed design needs the bench extra: pip install starlette uvicorn")
-    from benchmarks.run import BACKEND_SYSTEMS, MASKSERVE, MASKSERVE_ORT, SEED, Plan, render, run_model
+    from benchmarks.interleaved import OFFLINE
+    from benchmarks.run import (
+        BACKEND_SYSTEMS,
+        EXTRA_CONCURRENCY,
+        MASKSERVE,
+        MASKSERVE_ORT,
+        SEED,
+        TRACED,
+        WORKERS,
+        Plan,
+        render,
+        run_model,
+    )
 
-    plan = Plan(mix=8, requests={1: 4, 4: 8}, batch_sizes=(1, 4), rounds=2, time_cap_s=60)
+    plan = Plan(mix=8, requests={4: 8, EXTRA_CONCURRENCY: 64}, batch_sizes=(1, 4), rounds=2, time_cap_s=60)
     model = default_model()
     backends = ("torch", "onnxruntime") if HAS_ONNXRUNTIME else ("torch",)
     systems = [BACKEND_SYSTEMS[b] for b in backends]
-    run = run_model(BenchModel("tiny", model.path), plan, [1, 4], log_dir=tmp_path, backends=backends)
-    assert len(run.rounds) == 2 and run.systems == tuple(systems)
+    concurrencies = [4, EXTRA_CONCURRENCY]
+    run = run_model(
+        BenchModel("tiny", model.path), plan, concurrencies, log_dir=tmp_path, backends=backends, extras=True
+    )
+    assert len(run.rounds) == 2 and run.systems == tuple(systems) and run.extras == (TRACED, WORKERS)
     for round_ in run.rounds:
         for system in (SEED, *systems):
-            assert round_.loads[system, 1].correct == 4
             assert round_.loads[system, 4].correct == 8
+        for system in (TRACED, WORKERS):
+            assert round_.loads[system, EXTRA_CONCURRENCY].correct == 64
         assert set(round_.offline) == {(False, 1), (True, 1), (False, 4), (True, 4)}
         assert len(round_.single_call_ms) == 8
+        # Concurrency 1, interleaved: every sentence to every server and to the offline call.
+        assert round_.interleaved is not None
+        assert set(round_.interleaved.latencies_ms) == {SEED, *systems, OFFLINE}
+        assert all(len(ms) == 8 for ms in round_.interleaved.latencies_ms.values())
+        assert not round_.interleaved.wrong and not round_.interleaved.failed
     assert set(run.rss) == set(systems) and all(run.rss_after_warmup[s] > 0 for s in systems)
-    table = render([run], [1, 4], "python -m benchmarks.run --test", "test")
-    assert "| 4 | maskserve | " in table and "| 1 | seed design | " in table
-    assert "| 4 | seed design | " in table and "200: 16 | 0 |" in table
-    assert "offline pipeline, length-sorted" in table and "Concurrency 1: maskserve p50" in table
+    # One scrape of the 2-worker server counts every request it answered, labelled by worker.
+    assert set(run.worker_requests) == {"0", "1"}
+    assert sum(run.worker_requests.values()) >= 2 * 64 + 8  # the rounds and the warm-up
+    table = render([run], concurrencies, "python -m benchmarks.run --test", "test")
+    assert "| 4 | maskserve | " in table and "| 4 | seed design | " in table and "200: 16 | 0 |" in table
+    assert f"| {EXTRA_CONCURRENCY} | {TRACED} | " in table and f"| {EXTRA_CONCURRENCY} | {WORKERS} | " in table
+    assert "offline pipeline, length-sorted" in table and "Concurrency 1, interleaved" in table
+    assert f"| {MASKSERVE} | " in table and f"| {OFFLINE} | " in table
+    assert "Tracing (OpenTelemetry" in table and "--workers 2 at c=64" in table and 'worker="1"' in table
     if HAS_ONNXRUNTIME:
         assert f"| 4 | {MASKSERVE_ORT} | " in table and f"/ {MASKSERVE} (torch) |" in table
-        assert f"Concurrency 1: {MASKSERVE_ORT} p50 / {MASKSERVE} (torch) p50" in table
+        assert f"{MASKSERVE_ORT} p50 / {MASKSERVE} (torch) p50 =" in table
 
 
 def test_fleet_report_pairs_the_balancer_s_overhead_inside_each_round() -> None:

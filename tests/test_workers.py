@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -127,6 +128,8 @@ def test_two_workers_serve_one_port_report_together_replace_the_dead_and_drain_o
     assert all(b'"token_str": "city"' in answer for answer in answers)
     counted = worker_requests(url)
     assert sum(counted.values()) == 40  # every request, whichever worker took it, in one scrape
+    # Each worker has its own SO_REUSEPORT socket: the kernel spreads the 40 connections over both.
+    assert set(counted) == {"0", "1"} and min(counted.values()) > 0, counted
 
     # SIGKILL one worker: the arbiter starts another in its slot, and the server keeps answering.
     before = children(process.pid)
@@ -163,3 +166,21 @@ def test_a_model_that_cannot_load_stops_every_worker_with_one_line(tmp_path: Pat
     assert result.returncode == 1, result.stderr
     assert "cannot start: could not load model" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_taken_port_stops_the_workers_before_any_starts() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "maskserve", "--port", str(port), "--workers", "2"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=cli_env(),
+            check=False,
+        )
+    assert result.returncode == 1
+    assert f"cannot start: cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "Booting worker" not in result.stderr and "Traceback" not in result.stderr

@@ -1,7 +1,12 @@
 """Several server processes on one port (``--workers N``), managed by gunicorn's arbiter.
 
-gunicorn binds the port once and forks N workers that share it; it replaces a worker that dies,
-and on SIGTERM it sends SIGTERM to every worker and waits for them. Each worker is a whole
+gunicorn forks N workers; it replaces a worker that dies, and on SIGTERM it sends SIGTERM to every
+worker and waits for them. Each worker listens on its own ``SO_REUSEPORT`` socket on the port, so
+the kernel spreads new connections evenly across the workers: with one shared socket, the worker
+that wakes first accepts a whole burst of connections at once (asyncio accepts up to its backlog
+per wake-up), and a keep-alive client then sends everything to it (measured: all of 64
+connections to one worker of two). A worker opens its socket only once its model is loaded, so no
+connection waits behind a load. Each worker is a whole
 maskserve: its own model (loaded after the fork: the arbiter never imports torch), queue,
 inference thread, and its share of the CPUs (``Settings.resolved_torch_threads``). A worker
 follows a stop signal with the same drain as a single process (serve.py).
@@ -20,6 +25,7 @@ import math
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -28,8 +34,10 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from gunicorn import sock
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
+from gunicorn.errors import HaltServer
 from gunicorn.workers.base import Worker
 
 from .app import create_app, load_model
@@ -86,6 +94,7 @@ class MaskserveWorker(Worker):  # type: ignore[misc]
     """A gunicorn worker that runs one whole maskserve on the shared socket."""
 
     model: FillMaskModel
+    sockets: list[Any]  # gunicorn's listeners; .sock is the socket
 
     def load_wsgi(self) -> None:
         # Loaded here, before gunicorn counts the worker as booted: a model that cannot be served
@@ -101,6 +110,9 @@ class MaskserveWorker(Worker):  # type: ignore[misc]
         thread.start()
         from .engine import ModelLoadError
 
+        # gunicorn opened this worker's SO_REUSEPORT socket at the fork: close it while the model
+        # loads, or the kernel would queue connections on it that nothing accepts yet.
+        sock.close_sockets(self.sockets, unlink=False)
         try:
             self.model = load_model(settings)
         except ModelLoadError as exc:
@@ -109,6 +121,7 @@ class MaskserveWorker(Worker):  # type: ignore[misc]
         finally:
             beating.set()
             thread.join()
+        self.sockets = sock.create_sockets(self.cfg, self.log)
 
     def run(self) -> None:
         asyncio.run(self._serve())
@@ -150,6 +163,8 @@ class WorkersApplication(BaseApplication):  # type: ignore[misc]
         config: dict[str, Any] = {
             "bind": f"{settings.host}:{settings.port}",
             "workers": settings.workers,
+            # One listening socket per worker, the kernel balancing connections (module docstring).
+            "reuse_port": True,
             "worker_class": f"{__name__}.MaskserveWorker",
             # SIGTERM to the arbiter: each worker drains (--drain-delay, then --drain-timeout);
             # only a worker still running after both and a margin is killed.
@@ -178,8 +193,22 @@ def _assign_slot(arbiter: Arbiter, worker: MaskserveWorker) -> None:
     worker.slot = next(slot for slot in range(arbiter.num_workers + len(taken)) if slot not in taken)
 
 
+def _check_port(settings: Settings) -> None:
+    """Raise OSError now if the workers could not listen: the arbiter binds nothing itself, and a
+    worker that cannot bind would be replaced for ever."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        probe.bind((settings.host, settings.port))
+
+
 def run_workers(settings: Settings) -> int:
     """Serve with ``settings.workers`` processes until stopped; the exit status."""
+    try:
+        _check_port(settings)
+    except OSError as exc:
+        log.error("cannot start: cannot listen on %s:%d (%s)", settings.host, settings.port, exc.strerror or exc)
+        return 1
     arbiter = os.getpid()
     try:
         WorkersApplication(settings).run()
@@ -189,4 +218,8 @@ def run_workers(settings: Settings) -> int:
         # gunicorn halts with 3 when a worker cannot boot (the model cannot be served; the
         # worker logged why) and 1 when it cannot bind: both are maskserve's "cannot start".
         return 0 if exc.code in (0, None) else 1
+    except HaltServer:
+        # A second worker failing to boot while the arbiter halts for the first escapes gunicorn's
+        # own handling; the workers have logged why.
+        return 1
     return 0
