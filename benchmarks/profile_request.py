@@ -22,22 +22,24 @@ import asyncio
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import aiohttp
+import numpy as np
 from aiohttp import web
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
 import maskserve.tracing
-from maskserve.app import create_app
-from maskserve.engine import FillMaskEngine, load_engine
+from maskserve.app import create_app, inference_thread, load_model
+from maskserve.engine import FillMaskEngine
 from maskserve.middleware.tracing import TRACING_KEY
 from maskserve.model_api import Query
 from maskserve.settings import Settings, available_cpus
 
-from .models import BenchModel, bert_base_model, default_model
+from .models import CACHE_DIR, BenchModel, bert_base_model, default_model
 from .offline import load_pipeline
 from .sentences import make_sentences
 
@@ -52,28 +54,33 @@ def timed(call: Callable[[], Any]) -> float:
     return time.perf_counter() - started
 
 
-def engine_view(engine: FillMaskEngine, pipe: Any, texts: Sequence[str], rounds: int) -> dict[str, float]:
-    """Median seconds of each step of one text in the engine, and of one pipeline call."""
-    steps: dict[str, list[float]] = {"tokenize": [], "forward": [], "predict": [], "pipeline": []}
-    for _ in range(rounds):
-        for text in texts:
-            steps["tokenize"].append(timed(lambda text=text: engine.encode(text)))
-            query = Query(input_ids=engine.encode(text), top_k=5)
-            ids, mask = engine._pad([query.input_ids])
-            rows, cols = (ids == engine.mask_token_id).nonzero(as_tuple=True)
-            forward = (ids, mask, rows, cols)
-            steps["forward"].append(timed(lambda forward=forward: engine._mask_logits(*forward)))
-            steps["predict"].append(timed(lambda query=query: engine.predict([query])))
-            steps["pipeline"].append(timed(lambda text=text: pipe(text, top_k=5)))
+def engine_steps(engine: FillMaskEngine, texts: Sequence[str]) -> dict[str, float]:
+    """Median milliseconds of each step of one text in the engine; run it on the inference thread."""
+    steps: dict[str, list[float]] = {"tokenize": [], "forward": [], "predict": []}
+    for text in texts:
+        steps["tokenize"].append(timed(lambda text=text: engine.encode(text)))
+        query = Query(input_ids=engine.encode(text), top_k=5)
+        ids, mask = engine._pad([query.input_ids])
+        rows, cols = np.nonzero(ids == engine.mask_token_id)
+        forward = (ids, mask, rows, cols)
+        steps["forward"].append(timed(lambda forward=forward: engine._mask_logits(*forward)))
+        steps["predict"].append(timed(lambda query=query: engine.predict([query])))
     return {name: median_ms(values) for name, values in steps.items()}
 
 
-async def server_view(engine: FillMaskEngine, texts: Sequence[str], rounds: int, traced: bool) -> dict[str, float]:
+def pipeline_call(pipe: Any, texts: Sequence[str]) -> float:
+    """Median milliseconds of one ``pipeline(text)`` call, on the thread that loaded it."""
+    return median_ms([timed(lambda text=text: pipe(text, top_k=5)) for text in texts])
+
+
+async def server_view(
+    engine: FillMaskEngine, thread: ThreadPoolExecutor, texts: Sequence[str], rounds: int, traced: bool
+) -> dict[str, float]:
     """Median milliseconds of the round trip and, when ``traced``, of each span of the request."""
     exporter = InMemorySpanExporter()
     maskserve.tracing.exporter_factories = lambda names: [lambda: exporter]  # type: ignore[assignment]
     settings = Settings(port=0, traces_exporter="console" if traced else None)
-    app = create_app(settings, engine=engine)
+    app = create_app(settings, engine=engine, thread=thread)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -131,16 +138,26 @@ def span_figures(spans: list[ReadableSpan]) -> dict[str, float]:
     return {name: median_ms(values) for name, values in rows.items()}
 
 
-def profile(model: BenchModel, requests: int) -> str:
+def load(model: BenchModel, backend: str) -> tuple[FillMaskEngine, ThreadPoolExecutor]:
+    """The engine as ``maskserve --backend <backend>`` loads it (default threads, on its inference
+    thread), and that thread."""
+    settings = Settings(model=str(model.path), backend=backend, cache_dir=str(CACHE_DIR / "maskserve-cache"))
+    thread = inference_thread()
+    engine = thread.submit(load_model, settings).result()
+    assert isinstance(engine, FillMaskEngine)
+    return engine, thread
+
+
+def profile(model: BenchModel, requests: int, backend: str) -> str:
     texts = make_sentences(requests)
-    threads = Settings().resolved_torch_threads()
-    engine = load_engine(str(model.path), threads=threads, adaptive_threads=True)
+    engine, thread = load(model, backend)
     pipe = load_pipeline(str(model.path))
-    offline = engine_view(engine, pipe, texts, rounds=1)
-    plain = asyncio.run(server_view(engine, texts, rounds=1, traced=False))
-    traced = asyncio.run(server_view(engine, texts, rounds=1, traced=True))
+    offline = {**thread.submit(engine_steps, engine, texts).result(), "pipeline": pipeline_call(pipe, texts)}
+    plain = asyncio.run(server_view(engine, thread, texts, rounds=1, traced=False))
+    traced = asyncio.run(server_view(engine, thread, texts, rounds=1, traced=True))
     lines = [
-        f"#### {model.name}: {requests} sentences one at a time, {available_cpus()} CPUs, medians in ms",
+        f"#### {model.name}, --backend {backend}: {requests} sentences one at a time, {available_cpus()} CPUs, "
+        "medians in ms",
         "",
         "| step | ms |",
         "| --- | --- |",
@@ -162,12 +179,14 @@ def profile(model: BenchModel, requests: int) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--model", choices=("default", "bert-base"), action="append")
+    parser.add_argument("--backend", choices=("torch", "onnxruntime"), action="append")
     parser.add_argument("--requests", type=int, default=64)
     args = parser.parse_args(argv)
     builders = {"default": default_model, "bert-base": bert_base_model}
     for name in args.model or ["default", "bert-base"]:
-        print(profile(builders[name](), args.requests if name == "default" else min(args.requests, 24)))
-        print()
+        for backend in args.backend or ["torch"]:
+            print(profile(builders[name](), args.requests if name == "default" else min(args.requests, 24), backend))
+            print()
 
 
 if __name__ == "__main__":

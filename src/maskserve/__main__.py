@@ -8,7 +8,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from .app import SETTINGS_CHECKS, create_app, load_model
+from .app import SETTINGS_CHECKS, create_app
 from .logs import configure_logging
 from .serve import serve
 from .settings import Settings, SettingsError, load_settings
@@ -37,28 +37,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _load_and_serve(settings: Settings) -> int:
     if settings.workers > 1:
-        # gunicorn binds the port, then each worker loads its own model (workers.py).
+        # gunicorn forks the workers; each loads its own model (workers.py).
         from .workers import run_workers
 
         return run_workers(settings)
-    # Load before binding the port: a model that cannot be served exits non-zero with nothing
-    # half started.
     from .engine import BackendUnavailable, ModelLoadError
 
+    # The app loads the model at start-up, on its inference thread, before the port is opened: a
+    # model that cannot be served exits non-zero with nothing half started.
+    app = create_app(settings)
     try:
-        model = load_model(settings)
+        asyncio.run(serve(app))
     except ModelLoadError as exc:
         log.error("cannot start: %s", exc)
         return 1
     except BackendUnavailable as exc:
-        # --backend cannot serve this model as asked (a failed export, a missing package): refuse
-        # rather than serve it some other way.
+        # The backend cannot serve this model here (its export failed): exit 2, as for a setting
+        # that cannot be used, rather than serve something else.
         log.error("cannot start: %s", exc)
         return 2
-    app = create_app(settings, engine=model)
-    log.info("serving %s on http://%s:%d/", model.name, settings.host, settings.port)
-    try:
-        asyncio.run(serve(app))
     except OSError as exc:
         # Port taken, address not on this machine, no permission: the operator's to fix, and a
         # traceback would only hide the one line that says so.

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from .keys import LIFECYCLE_KEY, SETTINGS_KEY
+from .keys import LIFECYCLE_KEY, MODEL_KEY, SETTINGS_KEY
 from .logs import AccessLogger
 
 log = logging.getLogger("maskserve")
@@ -105,7 +105,8 @@ async def serve(
         for site in sites:
             await site.start()
         signals.install()
-        log.info("serving on %s", ", ".join(site.name for site in sites))
+        model = app.get(MODEL_KEY)
+        log.info("serving %s on %s", model.name if model else "", ", ".join(site.name for site in sites))
         await signals.stop.wait()
         log.info("closing the listener")
     finally:

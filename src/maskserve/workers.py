@@ -29,6 +29,7 @@ import socket
 import sys
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from gunicorn.arbiter import Arbiter
 from gunicorn.errors import HaltServer
 from gunicorn.workers.base import Worker
 
-from .app import create_app, load_model
+from .app import create_app, inference_thread, load_model
 from .keys import METRICS_PEERS_KEY
 from .middleware.auth import parse_api_keys
 from .model_api import FillMaskModel
@@ -94,6 +95,7 @@ class MaskserveWorker(Worker):  # type: ignore[misc]
     """A gunicorn worker that runs one whole maskserve on the shared socket."""
 
     model: FillMaskModel
+    thread: ThreadPoolExecutor  # the inference thread the model was loaded on
     sockets: list[Any]  # gunicorn's listeners; .sock is the socket
 
     def load_wsgi(self) -> None:
@@ -113,8 +115,10 @@ class MaskserveWorker(Worker):  # type: ignore[misc]
         # gunicorn opened this worker's SO_REUSEPORT socket at the fork: close it while the model
         # loads, or the kernel would queue connections on it that nothing accepts yet.
         sock.close_sockets(self.sockets, unlink=False)
+        self.thread = inference_thread()
         try:
-            self.model = load_model(settings)
+            # On the thread that will run it (app.inference_thread says why).
+            self.model = self.thread.submit(load_model, settings).result()
         except ModelLoadError as exc:
             log.error("cannot start: %s", exc)
             sys.exit(Arbiter.WORKER_BOOT_ERROR)  # one line, no traceback; the arbiter then stops
@@ -128,7 +132,7 @@ class MaskserveWorker(Worker):  # type: ignore[misc]
 
     async def _serve(self) -> None:
         settings: Settings = self.app.settings
-        app = create_app(settings, engine=self.model)
+        app = create_app(settings, engine=self.model, thread=self.thread)
         slot: int = self.slot
         app[METRICS_PEERS_KEY] = WorkerPeers(self.app.run_dir, slot, settings.api_key)
         private = WorkerPeers.socket_path(self.app.run_dir, slot)
