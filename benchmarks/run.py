@@ -42,6 +42,7 @@ from . import offline
 from .interleaved import OFFLINE, Interleaved, run_interleaved
 from .load import Expected, LoadResult, percentile, run_load
 from .models import CACHE_DIR, BenchModel, bert_base_model, default_model
+from .otlp_sink import OtlpSink
 from .sentences import make_sentences
 from .servers import RssSampler, Server, free_port, maskserve_argv, rss_bytes, seed_argv
 
@@ -52,10 +53,18 @@ BACKEND_SYSTEMS = {"torch": MASKSERVE, "onnxruntime": MASKSERVE_ORT}
 EXPORT_CACHE = CACHE_DIR / "maskserve-cache"
 # Extra systems, on the default model only, each measured at EXTRA_CONCURRENCY: what tracing costs,
 # and what a second worker gives. (name, extra flags, extra environment)
-TRACED, WORKERS = "maskserve, tracing on", "maskserve, 2 workers"
+TRACED, TRACED_UNEXPORTED, WORKERS = (
+    "maskserve, tracing to OTLP",
+    "maskserve, tracing, no export",
+    "maskserve, 2 workers",
+)
+# The OTLP endpoint is the benchmark's own sink (otlp_sink.py), filled in when it starts.
+OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 EXTRAS: tuple[tuple[str, tuple[str, ...], dict[str, str]], ...] = (
-    # The console exporter: every span formatted as JSON, the most work an exporter does here.
-    (TRACED, (), {"OTEL_TRACES_EXPORTER": "console"}),
+    # What production runs: spans batched and sent as OTLP/HTTP protobuf, off the event loop.
+    (TRACED, (), {"OTEL_TRACES_EXPORTER": "otlp", OTLP_ENDPOINT: ""}),
+    # The spans alone: created, ended, dropped (no exporter).
+    (TRACED_UNEXPORTED, ("--middleware", "default,+tracing"), {"OTEL_TRACES_EXPORTER": "none"}),
     (WORKERS, ("--workers", "2"), {}),
 )
 EXTRA_CONCURRENCY = 64
@@ -109,6 +118,7 @@ class ModelRun:
     extras: tuple[str, ...] = ()  # the extra systems (EXTRAS), measured at EXTRA_CONCURRENCY only
     # What the 2-worker server's /metrics said at the end: fill_mask requests per worker label.
     worker_requests: dict[str, float] = field(default_factory=dict)
+    otlp_exports: tuple[int, int] = (0, 0)  # export requests and bytes the OTLP sink received
     rounds: list[Round] = field(default_factory=list)
     rss: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     rss_after_warmup: dict[str, int] = field(default_factory=dict)
@@ -278,7 +288,10 @@ def run_model(
             servers.append(server)
 
         extra_servers: list[Server] = []
+        sink = stack.enter_context(OtlpSink()) if extra_systems else None
         for name, flags, env in extra_systems:
+            if OTLP_ENDPOINT in env and sink is not None:
+                env = {**env, OTLP_ENDPOINT: sink.url}
             server = stack.enter_context(maskserve_server(model, "torch", log_dir, name=name, flags=flags, env=env))
             warm_up(server, sentences, expected, plan)
             server.pause()
@@ -305,6 +318,8 @@ def run_model(
         workers = [server for server in extra_servers if server.name == WORKERS]
         if workers:
             result.worker_requests = worker_requests(workers[0])
+        if sink is not None:
+            result.otlp_exports = (sink.exports, sink.bytes)
     result.load_after = os.getloadavg()
     return result
 
@@ -411,14 +426,21 @@ def extras_section(run: ModelRun) -> list[str]:
     c, lines = EXTRA_CONCURRENCY, []
     if not all((MASKSERVE, c) in r.loads for r in run.rounds):
         return lines  # nothing to compare with: maskserve on torch was not measured at c
+    for system, how in (
+        (TRACED, "every span batched and sent as OTLP/HTTP protobuf to a local sink"),
+        (TRACED_UNEXPORTED, "spans created and dropped, no exporter"),
+    ):
+        if system in run.extras:
+            rates = [r.loads[system, c].rps / r.loads[MASKSERVE, c].rps for r in run.rounds]
+            p50 = [r.loads[system, c].p(50) - r.loads[MASKSERVE, c].p(50) for r in run.rounds]
+            lines += [
+                "",
+                f"Tracing ({how}) at c={c}: {ratio(rates)} the req/s of tracing off, p50 {median(p50):+.1f} ms "
+                "(medians of per-round figures).",
+            ]
     if TRACED in run.extras:
-        rates = [r.loads[TRACED, c].rps / r.loads[MASKSERVE, c].rps for r in run.rounds]
-        p50 = [r.loads[TRACED, c].p(50) - r.loads[MASKSERVE, c].p(50) for r in run.rounds]
-        lines += [
-            "",
-            f"Tracing (OpenTelemetry, console exporter, every span exported) at c={c}: {ratio(rates)} the "
-            f"req/s of tracing off, p50 {median(p50):+.1f} ms (medians of per-round figures).",
-        ]
+        exports, size = run.otlp_exports
+        lines.append(f"The OTLP sink received {exports} exports, {size / 1e6:.1f} MB in all.")
     if WORKERS in run.extras:
         rates = [r.loads[WORKERS, c].rps / r.loads[MASKSERVE, c].rps for r in run.rounds]
         counts = ", ".join(f'worker="{w}": {n:.0f}' for w, n in sorted(run.worker_requests.items()))

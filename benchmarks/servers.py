@@ -19,6 +19,8 @@ import urllib.request
 from pathlib import Path
 
 PROBE = "paris is the [MASK] of france."
+# More than maskserve's worker heartbeat (workers.HEARTBEAT_S, 2 s).
+WORKER_HEARTBEAT_S = 2.5
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -102,7 +104,22 @@ class Server:
         os.killpg(self.pid, signal.SIGSTOP)
 
     def resume(self) -> None:
+        children = self._children()
+        if children:
+            # A process manager (gunicorn, --workers) kills a worker whose heartbeat is older than
+            # its timeout: let the workers beat again before the arbiter looks.
+            for child in children:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGCONT)
+            time.sleep(WORKER_HEARTBEAT_S)
         os.killpg(self.pid, signal.SIGCONT)
+
+    def _children(self) -> list[int]:
+        try:
+            with open(f"/proc/{self.pid}/task/{self.pid}/children", encoding="ascii") as f:
+                return [int(pid) for pid in f.read().split()]
+        except OSError:
+            return []
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:

@@ -134,6 +134,7 @@ def test_one_run_measures_seed_maskserve_and_offline_and_renders_the_table(tmp_p
         MASKSERVE_ORT,
         SEED,
         TRACED,
+        TRACED_UNEXPORTED,
         WORKERS,
         Plan,
         render,
@@ -148,11 +149,11 @@ def test_one_run_measures_seed_maskserve_and_offline_and_renders_the_table(tmp_p
     run = run_model(
         BenchModel("tiny", model.path), plan, concurrencies, log_dir=tmp_path, backends=backends, extras=True
     )
-    assert len(run.rounds) == 2 and run.systems == tuple(systems) and run.extras == (TRACED, WORKERS)
+    assert len(run.rounds) == 2 and run.systems == tuple(systems) and run.extras == (TRACED, TRACED_UNEXPORTED, WORKERS)
     for round_ in run.rounds:
         for system in (SEED, *systems):
             assert round_.loads[system, 4].correct == 8
-        for system in (TRACED, WORKERS):
+        for system in (TRACED, TRACED_UNEXPORTED, WORKERS):
             assert round_.loads[system, EXTRA_CONCURRENCY].correct == 64
         assert set(round_.offline) == {(False, 1), (True, 1), (False, 4), (True, 4)}
         assert len(round_.single_call_ms) == 8
@@ -170,7 +171,9 @@ def test_one_run_measures_seed_maskserve_and_offline_and_renders_the_table(tmp_p
     assert f"| {EXTRA_CONCURRENCY} | {TRACED} | " in table and f"| {EXTRA_CONCURRENCY} | {WORKERS} | " in table
     assert "offline pipeline, length-sorted" in table and "Concurrency 1, interleaved" in table
     assert f"| {MASKSERVE} | " in table and f"| {OFFLINE} | " in table
-    assert "Tracing (OpenTelemetry" in table and "--workers 2 at c=64" in table and 'worker="1"' in table
+    assert "Tracing (every span batched" in table and "Tracing (spans created" in table
+    assert "--workers 2 at c=64" in table and 'worker="1"' in table
+    assert run.otlp_exports[0] > 0  # the traced server really exported to the sink
     if HAS_ONNXRUNTIME:
         assert f"| 4 | {MASKSERVE_ORT} | " in table and f"/ {MASKSERVE} (torch) |" in table
         assert f"{MASKSERVE_ORT} p50 / {MASKSERVE} (torch) p50 =" in table
