@@ -259,6 +259,19 @@ async def steady_load(url: str, workload: Workload, warm_up_s: float = 1.0) -> A
         load.result = await task
 
 
+def load_figures(result: LoadResult) -> dict[str, Any]:
+    """What every fleet test records of its load: sent, time, failures, statuses, tail latency."""
+    return {
+        "requests": result.sent,
+        "seconds": round(result.duration_s, 1),
+        "failed": result.failed,
+        "statuses": dict(result.statuses),
+        "wrong": result.wrong,
+        "p99_ms": round(result.p(99), 1),
+        "max_ms": round(max(result.latencies_ms), 1) if result.latencies_ms else None,
+    }
+
+
 def record(name: str, figures: dict[str, Any]) -> None:
     """Print a test's figures and keep them in artifacts/fleet.json (one entry per test)."""
     print(f"fleet {name}:", json.dumps(figures))

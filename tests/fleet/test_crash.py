@@ -17,7 +17,7 @@ import pytest
 
 from benchmarks.haproxy import L7_RETRIES, HAProxy, check_values, seconds
 
-from .fleet import Replica, Rotation, Workload, in_rotation, out_of_rotation, record, steady_load
+from .fleet import Replica, Rotation, Workload, in_rotation, load_figures, out_of_rotation, record, steady_load
 
 pytestmark = pytest.mark.fleet
 
@@ -55,13 +55,7 @@ async def test_a_replica_killed_under_load_loses_no_request_and_leaves_rotation_
     record(
         "sigkill",
         {
-            "requests": result.sent,
-            "seconds": round(result.duration_s, 1),
-            "failed": result.failed,
-            "statuses": dict(result.statuses),
-            "wrong": result.wrong,
-            "p99_ms": round(result.p(99), 1),
-            "max_ms": round(max(result.latencies_ms), 1),
+            **load_figures(result),
             "check_interval_s": inter,
             "left_rotation_s": round(left - killed, 3),
             "check_status_when_left": state_when_left.check,

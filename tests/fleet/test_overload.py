@@ -24,7 +24,7 @@ import pytest
 
 from benchmarks.haproxy import HAProxy, ServerState
 
-from .fleet import Replica, Rotation, Workload, in_rotation, record, steady_load
+from .fleet import Replica, Rotation, Workload, in_rotation, load_figures, record, steady_load
 
 pytestmark = pytest.mark.fleet
 
@@ -88,12 +88,7 @@ async def test_an_overloaded_replica_is_routed_around(
     record(
         f"overload_{'l7_retries' if l7_retries else 'checks_only'}",
         {
-            "requests": result.sent,
-            "seconds": round(result.duration_s, 1),
-            "failed": result.failed,
-            "statuses": dict(result.statuses),
-            "wrong": result.wrong,
-            "p99_ms": round(result.p(99), 1),
+            **load_figures(result),
             "flood": dict(flooded.statuses),
             "target_state_changes": len(flaps),
             "retried_by_haproxy": retried,

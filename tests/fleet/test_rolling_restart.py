@@ -22,6 +22,7 @@ from .fleet import (
     Rotation,
     Workload,
     in_rotation,
+    load_figures,
     out_of_rotation,
     record,
     steady_load,
@@ -74,13 +75,7 @@ async def test_a_rolling_restart_under_load_fails_no_request(
     record(
         "rolling_restart",
         {
-            "requests": result.sent,
-            "seconds": round(result.duration_s, 1),
-            "failed": result.failed,
-            "statuses": dict(result.statuses),
-            "wrong": result.wrong,
-            "p99_ms": round(result.p(99), 1),
-            "max_ms": round(max(result.latencies_ms), 1),
+            **load_figures(result),
             "check_interval_s": inter,
             "drain_delay_s": DRAIN_DELAY_S,
             "retried_by_haproxy": sum(s.retries for s in rotation.latest.values()),
