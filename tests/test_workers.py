@@ -22,6 +22,7 @@ from maskserve.metrics import merge_expositions
 from maskserve.settings import Settings, available_cpus
 from maskserve.workers import _assign_slot
 
+from .conftest import HAS_ONNXRUNTIME, NO_ONNXRUNTIME
 from .live_server import free_port
 from .test_main import cli_env
 
@@ -184,3 +185,22 @@ def test_a_taken_port_stops_the_workers_before_any_starts() -> None:
     assert result.returncode == 1
     assert f"cannot start: cannot listen on 127.0.0.1:{port}" in result.stderr
     assert "Booting worker" not in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_ONNXRUNTIME, reason=NO_ONNXRUNTIME)
+def test_a_backend_that_cannot_serve_stops_every_worker_with_exit_2(tmp_path: Path) -> None:
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("", encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, "-m", "maskserve", "--backend", "onnxruntime", "--cache-dir", str(not_a_folder)]
+        + ["--port", str(free_port()), "--workers", "2"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=cli_env(),
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr  # as a single process exits
+    assert "cannot start: cannot write the export cache" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -92,7 +92,7 @@ class WorkerPeers:
 
 
 class MaskserveWorker(Worker):  # type: ignore[misc]
-    """A gunicorn worker that runs one whole maskserve on the shared socket."""
+    """A gunicorn worker that runs one whole maskserve on its own SO_REUSEPORT socket."""
 
     model: FillMaskModel
     thread: ThreadPoolExecutor  # the inference thread the model was loaded on
@@ -110,7 +110,7 @@ class MaskserveWorker(Worker):  # type: ignore[misc]
 
         thread = threading.Thread(target=heartbeat, name="maskserve-heartbeat", daemon=True)
         thread.start()
-        from .engine import ModelLoadError
+        from .engine import BackendUnavailable, ModelLoadError
 
         # gunicorn opened this worker's SO_REUSEPORT socket at the fork: close it while the model
         # loads, or the kernel would queue connections on it that nothing accepts yet.
@@ -122,6 +122,10 @@ class MaskserveWorker(Worker):  # type: ignore[misc]
         except ModelLoadError as exc:
             log.error("cannot start: %s", exc)
             sys.exit(Arbiter.WORKER_BOOT_ERROR)  # one line, no traceback; the arbiter then stops
+        except BackendUnavailable as exc:
+            log.error("cannot start: %s", exc)
+            # gunicorn's other halting code, so that the server exits 2 as a single process does.
+            sys.exit(Arbiter.APP_LOAD_ERROR)
         finally:
             beating.set()
             thread.join()
@@ -219,11 +223,12 @@ def run_workers(settings: Settings) -> int:
     except SystemExit as exc:
         if os.getpid() != arbiter:
             raise  # a forked worker leaving with its own status, through the arbiter's frames
-        # gunicorn halts with 3 when a worker cannot boot (the model cannot be served; the
-        # worker logged why) and 1 when it cannot bind: both are maskserve's "cannot start".
-        return 0 if exc.code in (0, None) else 1
-    except HaltServer:
+        # gunicorn halts with 3 when a worker cannot boot (the model cannot be served: exit 1, as
+        # a single process does) and 4 when the backend cannot serve it (exit 2, likewise); the
+        # worker logged why.
+        return {None: 0, 0: 0, Arbiter.APP_LOAD_ERROR: 2}.get(exc.code, 1)
+    except HaltServer as halt:
         # A second worker failing to boot while the arbiter halts for the first escapes gunicorn's
         # own handling; the workers have logged why.
-        return 1
+        return 2 if halt.exit_status == Arbiter.APP_LOAD_ERROR else 1
     return 0
