@@ -4,6 +4,7 @@ then close the listener, answer everything accepted, and exit 0."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import subprocess
@@ -145,3 +146,22 @@ async def test_a_request_in_flight_when_the_listener_closes_is_answered() -> Non
         model.release()
         if not server.done():
             server.cancel()
+
+
+async def test_once_serving_the_long_lived_heap_is_out_of_the_collectors_sight() -> None:
+    """serve() freezes what start-up loaded, so that neither a full collection while serving nor
+    the interpreter's last one at exit walks the libraries' and the model's objects again."""
+    port = free_port()
+    app = create_app(Settings(port=port), engine=ControlledModel())
+    gc.unfreeze()
+    server = asyncio.create_task(serve(app))
+    try:
+        async with aiohttp.ClientSession() as session:
+            await wait_until_listening(session, f"http://127.0.0.1:{port}/", None)
+        assert gc.get_freeze_count() > 0
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.wait_for(server, 10)
+    finally:
+        if not server.done():
+            server.cancel()
+        gc.unfreeze()  # give the test process its collector back

@@ -13,6 +13,7 @@ returns: the process exits 0.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import socket
@@ -93,6 +94,14 @@ async def serve(
     settings = app[SETTINGS_KEY]
     runner = make_runner(app)
     await runner.setup()
+    # The libraries and the model are now loaded: some 380,000 objects that live as long as the
+    # process. Collect start-up's garbage once, then move the rest out of the collector's sight.
+    # A full collection would otherwise walk them all (130-200 ms here, holding the GIL: the event
+    # loop stalls), and so would the interpreter's last collection at exit: a stopped server took
+    # 1.2-1.4 s to exit after serve() returned, 0.2 s with this (2 cores, default model), and a
+    # rolling restart waits for that replica by replica.
+    gc.collect()
+    gc.freeze()
     signals = StopSignals(app)
     try:
         sites: list[web.BaseSite] = (
