@@ -36,7 +36,7 @@ from . import offline
 from .haproxy import Address, HAProxy, documented_replica_flags, haproxy_version
 from .load import Expected, LoadResult, percentile, run_load
 from .models import CACHE_DIR, default_model
-from .run import cpu_model, log, median, spread
+from .run import cpu_model, log, median, publish, spread
 from .sentences import make_sentences
 from .servers import Server, free_port
 
@@ -201,10 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results, haproxy = run(args)
     command = ("python -m benchmarks.fleet " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
     report = render(results, args, command, haproxy, os.getloadavg())
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(report, encoding="utf-8")
-    print(report)
-    log(f"written to {args.out}")
+    publish(report, args.out)
     return 0
 
 

@@ -131,6 +131,14 @@ def log(message: str) -> None:
     print(f"[{dt.datetime.now():%H:%M:%S}] {message}", flush=True)
 
 
+def publish(report: str, out: Path) -> None:
+    """Write a Markdown report where the README's tables come from, and show it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report, encoding="utf-8")
+    print(report)
+    log(f"written to {out}")
+
+
 def measure_server(
     server: Server,
     run: Round,
@@ -595,10 +603,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     command = "python -m benchmarks.run " + " ".join(sys.argv[1:] if argv is None else argv)
     report = render(runs, concurrencies, command.strip(), "quick" if args.quick else "full")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(report, encoding="utf-8")
-    print(report)
-    log(f"written to {args.out}")
+    publish(report, args.out)
     return 0
 
 
