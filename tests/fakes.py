@@ -10,6 +10,7 @@ import asyncio
 import threading
 from collections.abc import Callable, Sequence
 
+from maskserve.batcher import Batcher
 from maskserve.model_api import FillMaskModel, Prediction, Query, TextPredictions
 
 
@@ -91,3 +92,12 @@ class ControlledModel:
 async def wait_until_entered(model: ControlledModel) -> None:
     """Until the inference thread is inside ``predict`` (held at the gate, if the model holds)."""
     assert await asyncio.to_thread(model.entered.wait, 5), "the forward pass never started"
+
+
+async def wait_for_depth(batcher: Batcher, depth: int) -> None:
+    """Until ``depth`` texts wait in the batcher's queue; fails, rather than hangs, if they never do."""
+    for _ in range(500):
+        if batcher.depth >= depth:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the queue never reached {depth} texts (it holds {batcher.depth})")

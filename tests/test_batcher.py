@@ -13,7 +13,7 @@ from maskserve.batcher import Batcher, BatchLimits, BatchReport, CostModel, pred
 from maskserve.errors import DeadlineExceeded, InferenceFailed, Overloaded, ShuttingDown
 from maskserve.model_api import Query
 
-from .fakes import ControlledModel, EchoModel, wait_until_entered
+from .fakes import ControlledModel, EchoModel, wait_for_depth, wait_until_entered
 
 
 def query(text: str, model: EchoModel | ControlledModel | None = None) -> Query:
@@ -314,8 +314,7 @@ async def test_a_report_names_each_requests_context_once_and_the_answers_their_p
         shared = [query("b [MASK]"), query("c [MASK]")]
         both = asyncio.create_task(batcher.answer(shared, later(5), context=["unhashable"]))
         other = asyncio.create_task(batcher.answer([query("d [MASK]")], later(5)))
-        while batcher.depth < 3:
-            await asyncio.sleep(0.01)
+        await wait_for_depth(batcher, 3)
         model.release()
         answers = [await first, await both, await other]
     assert [r.contexts for r in reports] == [("first",), (["unhashable"],)]

@@ -21,7 +21,7 @@ from huggingface_hub.errors import HfHubHTTPError
 from maskserve.keys import BATCHER_KEY, BREAKER_KEY
 
 from .conftest import ClientFactory
-from .fakes import ControlledModel, wait_until_entered
+from .fakes import ControlledModel, wait_for_depth, wait_until_entered
 from .test_views import hub_reaches_localhost  # noqa: F401 - a fixture, used by name
 
 PARIS = "Paris is the [MASK] of France."
@@ -127,8 +127,7 @@ async def test_js_client_retries_503_at_once_unless_told_not_to(make_client: Cli
     busy = asyncio.create_task(client.post("/", data=PARIS))
     await wait_until_entered(model)
     queued = asyncio.create_task(client.post("/", data=PARIS))
-    while client.app[BATCHER_KEY].depth < 1:
-        await asyncio.sleep(0.01)
+    await wait_for_depth(client.app[BATCHER_KEY], 1)
     try:
         refused = await fill_mask_js(js_client, url, {"inputs": PARIS}, {"retry_on_error": False})
         assert refused["status"] == 503 and "at capacity" in refused["message"]

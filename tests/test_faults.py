@@ -14,7 +14,7 @@ from maskserve.engine import FillMaskEngine
 from maskserve.keys import BATCHER_KEY
 
 from .conftest import ClientFactory
-from .fakes import ControlledModel, wait_until_entered
+from .fakes import ControlledModel, wait_for_depth, wait_until_entered
 from .live_server import free_port
 
 LEAKS = ("Traceback", "RuntimeError", "injected fault", 'File "', ".py")
@@ -40,8 +40,7 @@ async def test_a_poisoned_input_fails_alone_and_its_batch_neighbours_are_answere
     first = asyncio.create_task(client.post("/", data="warm [MASK]."))
     await wait_until_entered(model)
     requests = [asyncio.create_task(client.post("/", data=text)) for text in [*texts[:3], poisoned, *texts[3:]]]
-    while client.app[BATCHER_KEY].depth < 8:
-        await asyncio.sleep(0.01)
+    await wait_for_depth(client.app[BATCHER_KEY], 8)
     model.release()
     responses = await asyncio.gather(first, *requests)
     statuses = [r.status for r in responses]

@@ -14,17 +14,9 @@ from maskserve.health import liveness, readiness
 from maskserve.keys import BATCH_LOOP_KEY, BATCHER_KEY, LIFECYCLE_KEY
 
 from .conftest import ClientFactory
-from .fakes import ControlledModel, wait_until_entered
+from .fakes import ControlledModel, wait_for_depth, wait_until_entered
 
 Client = TestClient[web.Request, web.Application]
-
-
-async def wait_for_depth(client: Client, depth: int) -> None:
-    for _ in range(500):
-        if client.app[BATCHER_KEY].depth >= depth:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"the queue never reached {depth} texts")
 
 
 async def probe(client: Client, path: str) -> tuple[int, dict[str, Any]]:
@@ -103,7 +95,7 @@ async def test_full_queue_turns_readyz_503_while_livez_stays_200(make_client: Cl
         busy = asyncio.create_task(client.post("/", data="a [MASK]"))
         await wait_until_entered(model)
         queued = [asyncio.create_task(client.post("/", data=f"b{i} [MASK]")) for i in range(2)]
-        await wait_for_depth(client, 2)
+        await wait_for_depth(client.app[BATCHER_KEY], 2)
         status, body = await probe(client, "/readyz")
         assert status == 503
         assert problem_codes(body) == ["queue_full"]

@@ -19,7 +19,7 @@ from maskserve.keys import BATCHER_KEY
 from maskserve.metrics import Metrics
 
 from .conftest import ClientFactory
-from .fakes import ControlledModel, wait_until_entered
+from .fakes import ControlledModel, wait_for_depth, wait_until_entered
 
 Client = TestClient[web.Request, web.Application]
 # (sample name, sorted label pairs) -> value
@@ -141,8 +141,7 @@ async def test_expired_abandoned_and_refused_requests_are_counted(make_client: C
         async with aiohttp.ClientSession() as other:
             leaver = asyncio.create_task(other.post(client.make_url("/"), data="leaver [MASK]"))
             waiting = asyncio.create_task(client.post("/", data="stayer [MASK]"))
-            while batcher.depth < 3:
-                await asyncio.sleep(0.01)
+            await wait_for_depth(batcher, 3)
             # Refused at the door: the queue holds 3 texts, its bound.
             refused = await client.post("/", data="refused [MASK]")
             assert refused.status == 503

@@ -129,14 +129,6 @@ def infer_body(*texts: str) -> dict[str, Any]:
     return {"inputs": [{"name": "text", "shape": [len(texts)], "datatype": "BYTES", "data": list(texts)}]}
 
 
-async def wait_for_depth(client: Client, depth: int) -> None:
-    for _ in range(500):
-        if client.app[BATCHER_KEY].depth >= depth:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"the queue never reached {depth} texts")
-
-
 def test_document_is_valid_openapi_3_1() -> None:
     document = openapi_document(Settings(), ROUTE_ROLES)
     validate_openapi(document)

@@ -10,7 +10,7 @@ from maskserve.batcher import BatchReport
 from maskserve.keys import BATCHER_KEY, BREAKER_KEY
 
 from ..conftest import ClientFactory
-from ..fakes import ControlledModel, EchoModel, wait_until_entered
+from ..fakes import ControlledModel, EchoModel, wait_for_depth, wait_until_entered
 
 
 async def test_full_queue_answers_503_with_retry_after_before_reading_the_body(make_client: ClientFactory) -> None:
@@ -21,8 +21,7 @@ async def test_full_queue_answers_503_with_retry_after_before_reading_the_body(m
         busy = asyncio.create_task(client.post("/", data="a [MASK]"))
         await wait_until_entered(model)
         queued = [asyncio.create_task(client.post("/", data="b [MASK]")) for _ in range(2)]
-        while client.app[BATCHER_KEY].depth < 2:
-            await asyncio.sleep(0.01)
+        await wait_for_depth(client.app[BATCHER_KEY], 2)
         # A body over the size limit would be a 413 if anything read it: the breaker answers first.
         response = await client.post("/", data=b"x" * 4096)
         assert response.status == 503
@@ -62,8 +61,7 @@ async def test_get_routes_are_never_shed(make_client: ClientFactory) -> None:
         busy = asyncio.create_task(client.post("/", data="a [MASK]"))
         await wait_until_entered(model)
         queued = asyncio.create_task(client.post("/", data="b [MASK]"))
-        while client.app[BATCHER_KEY].depth < 1:
-            await asyncio.sleep(0.01)
+        await wait_for_depth(client.app[BATCHER_KEY], 1)
         assert (await client.post("/", data="c [MASK]")).status == 503
         for path in ("/no-such-page", "/"):
             response = await client.get(path)
@@ -139,8 +137,7 @@ async def test_clients_that_disconnect_while_queued_are_dropped_before_inference
         leavers = 6
         async with aiohttp.ClientSession() as other:
             tasks = [asyncio.create_task(other.post(url, data=f"leaver {'x ' * n}[MASK]")) for n in range(leavers)]
-            while batcher.depth < leavers:
-                await asyncio.sleep(0.01)
+            await wait_for_depth(batcher, leavers)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -166,8 +163,7 @@ async def test_poisoned_input_answers_500_alone_and_its_batch_neighbours_200(mak
         await wait_until_entered(model)
         texts = ["one [MASK]", "poison pill [MASK]", "three [MASK]", "four [MASK]"]
         tasks = [asyncio.create_task(client.post("/", data=t)) for t in texts]
-        while client.app[BATCHER_KEY].depth < len(texts):
-            await asyncio.sleep(0.01)
+        await wait_for_depth(client.app[BATCHER_KEY], len(texts))
     finally:
         model.release()
     await busy

@@ -29,7 +29,7 @@ from maskserve.middleware.tracing import TRACING_KEY
 from maskserve.model_api import FillMaskModel
 from maskserve.settings import Settings, SettingsError, load_settings
 
-from ..fakes import ControlledModel, wait_until_entered
+from ..fakes import ControlledModel, wait_for_depth, wait_until_entered
 from ..live_server import free_port
 
 Client = TestClient[web.Request, web.Application]
@@ -103,8 +103,7 @@ async def test_one_batch_span_for_a_forward_pass_linked_to_every_request_it_serv
     first = asyncio.create_task(client.post("/", data="first [MASK]"))
     await wait_until_entered(model)
     together = [asyncio.create_task(client.post("/", data=f"t{n} [MASK] word")) for n in range(3)]
-    while client.app[BATCHER_KEY].depth < 3:
-        await asyncio.sleep(0.01)
+    await wait_for_depth(client.app[BATCHER_KEY], 3)
     model.release()
     assert [r.status for r in await asyncio.gather(first, *together)] == [200] * 4
     spans = finished(client, exporter)
@@ -139,8 +138,7 @@ async def test_a_refused_request_carries_the_reason_on_its_span(
     await wait_until_entered(model)
     late = asyncio.create_task(client.post("/", data=PARIS, headers={"X-Request-Timeout": "0.3"}))
     queued = asyncio.create_task(client.post("/", data=PARIS))
-    while client.app[BATCHER_KEY].depth < 2:
-        await asyncio.sleep(0.01)
+    await wait_for_depth(client.app[BATCHER_KEY], 2)
     refused = await client.post("/", data=PARIS)  # the queue is full
     assert (refused.status, (await late).status) == (503, 504)  # and the queued one ran out of time
     model.release()
