@@ -223,12 +223,18 @@ def run_workers(settings: Settings) -> int:
     except SystemExit as exc:
         if os.getpid() != arbiter:
             raise  # a forked worker leaving with its own status, through the arbiter's frames
-        # gunicorn halts with 3 when a worker cannot boot (the model cannot be served: exit 1, as
-        # a single process does) and 4 when the backend cannot serve it (exit 2, likewise); the
-        # worker logged why.
-        return {None: 0, 0: 0, Arbiter.APP_LOAD_ERROR: 2}.get(exc.code, 1)
+        return _exit_status(exc.code)
     except HaltServer as halt:
         # A second worker failing to boot while the arbiter halts for the first escapes gunicorn's
         # own handling; the workers have logged why.
-        return 2 if halt.exit_status == Arbiter.APP_LOAD_ERROR else 1
+        return _exit_status(halt.exit_status)
     return 0
+
+
+def _exit_status(halted_with: object) -> int:
+    """maskserve's exit status for the one gunicorn halted with, as a single process would exit:
+    3, a worker could not boot (the model cannot be served), is 1; 4, the backend cannot serve the
+    model, is 2; any other failure is 1. The workers have logged why."""
+    if halted_with in (None, 0):
+        return 0
+    return 2 if halted_with == Arbiter.APP_LOAD_ERROR else 1
