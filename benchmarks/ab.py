@@ -23,13 +23,11 @@ from pathlib import Path
 from . import offline
 from .load import run_load
 from .models import CACHE_DIR, BenchModel, bert_base_model, default_model
-from .run import warm_up
+from .run import QUICK, warm_up
 from .sentences import make_sentences
 from .servers import Server, free_port, maskserve_argv
 
 ROOT = Path(__file__).resolve().parent.parent
-REQUESTS = {"default": {8: 256, 64: 512}, "bert-base": {8: 48, 64: 128}}
-MIX = {"default": 128, "bert-base": 32}
 
 
 @contextlib.contextmanager
@@ -45,12 +43,10 @@ def checkout(revision: str) -> Iterator[Path]:
 
 
 def compare(model: BenchModel, key: str, baseline: Path, revision: str, rounds: int) -> list[str]:
+    plan = QUICK[key]  # the quick benchmark's mix and request counts, at c=8 and c=64
     pipe = offline.load_pipeline(str(model.path))
-    sentences = make_sentences(MIX[key])
+    sentences = make_sentences(plan.mix)
     expected, _ = offline.reference_answers(pipe, sentences)
-    from .run import QUICK
-
-    plan = QUICK[key]
     logs = CACHE_DIR / "logs" / "ab" / key
     now = Server("now", maskserve_argv(model.path, port := free_port()), port, logs / "now.log")
     then = Server(
@@ -69,7 +65,7 @@ def compare(model: BenchModel, key: str, baseline: Path, revision: str, rounds: 
             order = (now, then) if i % 2 == 0 else (then, now)
             for server in order:
                 server.resume()
-                for c, requests in REQUESTS[key].items():
+                for c, requests in plan.requests.items():
                     result = asyncio.run(
                         run_load(server.url, sentences, expected, concurrency=c, requests=requests, time_cap_s=120)
                     )
@@ -82,7 +78,7 @@ def compare(model: BenchModel, key: str, baseline: Path, revision: str, rounds: 
         f"| {model.name} | concurrency | now req/s | {revision} req/s | now / {revision} |",
         "|---|---|---|---|---|",
     ]
-    for c in REQUESTS[key]:
+    for c in plan.requests:
         a, b = rates["now", c], rates[revision, c]
         per_round = statistics.median(x / y for x, y in zip(a, b))
         lines.append(f"| | {c} | {statistics.median(a):.1f} | {statistics.median(b):.1f} | {per_round:.2f}× |")
