@@ -66,6 +66,8 @@ async def test_flood_of_several_times_capacity_sheds_cleanly_and_keeps_serving()
             str(port),
             "--max-queue",
             "32",
+            "--max-inputs",
+            "32",
             "--request-timeout",
             str(TIMEOUT_S),
             "--log-level",

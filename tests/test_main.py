@@ -83,6 +83,22 @@ def test_bad_setting_exits_2_naming_flag_and_value() -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("--max-inputs", "300", "--max-queue", "256"), ("--max-inputs", "--max-queue")),
+        (("--default-top-k", "50", "--max-top-k", "10"), ("--default-top-k", "--max-top-k")),
+        (("--api-key", "k" * 20, "--middleware", "default,-auth"), ("--middleware", "--api-key")),
+    ],
+    ids=["inputs_above_queue", "default_top_k_above_max", "api_key_without_auth"],
+)
+def test_contradictory_settings_exit_2_naming_both(args: tuple[str, ...], named: tuple[str, str]) -> None:
+    result = run_cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert all(name in result.stderr for name in named), result.stderr
+    assert "Traceback" not in result.stderr and "k" * 20 not in result.stderr
+
+
 def test_bad_environment_setting_exits_2_naming_variable() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "maskserve"],

@@ -258,10 +258,29 @@ async def test_an_unmarked_middleware_works_without_deprecation_warnings(make_cl
 
 
 async def test_a_disabled_builtin_is_really_gone(make_client: ClientFactory) -> None:
-    client = await make_client(middleware="default,-auth", api_key=KEY)
+    client = await make_client(middleware="default,-metrics")
     assert (await client.post("/", data=PARIS)).status == 200
     info = await (await client.get("/info")).json()
-    assert info["middleware"] == ["metrics", "errors", "circuit_breaker"]
+    assert info["middleware"] == ["errors", "circuit_breaker"]
+    assert b"maskserve_requests_total{" not in await (await client.get("/metrics")).read()
+
+
+@pytest.mark.parametrize(
+    ("spec", "setting", "stage"),
+    [
+        ("default,-auth", {"api_key": KEY}, "auth"),
+        ("default,-cors", {"cors_origins": "https://app.example.com"}, "cors"),
+        ("metrics,errors,circuit_breaker", {"api_key": KEY}, "auth"),
+    ],
+)
+def test_a_chain_without_the_stage_a_setting_turns_on_is_refused(
+    spec: str, setting: dict[str, str], stage: str
+) -> None:
+    with pytest.raises(MiddlewareError, match=f"leaves out {stage!r}"):
+        create_app(Settings(**setting), middlewares=spec)  # type: ignore[arg-type]
+    with pytest.raises(SettingsError, match=r"^--middleware: the chain .* leaves out"):
+        flags = [item for name, value in setting.items() for item in ("--" + name.replace("_", "-"), value)]
+        load_settings(["--middleware", spec, *flags], env={}, checks=SETTINGS_CHECKS)
 
 
 async def test_an_error_raised_in_a_custom_stage_is_sanitized(
