@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from maskserve.batcher import Batcher
-from maskserve.model_api import FillMaskModel, Prediction, Query, TextPredictions
+from maskserve.model_api import FillMaskModel, Prediction, Progress, Query, TextPredictions
 
 
 class EchoModel:
@@ -31,13 +31,21 @@ class EchoModel:
     def resolve_targets(self, targets: Sequence[str]) -> tuple[int, ...]:
         return tuple(dict.fromkeys(1000 + len(t) for t in targets if t.strip()))
 
-    def predict(self, queries: Sequence[Query]) -> list[TextPredictions]:
+    def prediction_bytes(self, input_ids: Sequence[int]) -> int:
+        # The sequence is str(input_ids): at most 8 characters a token, plus the keys and score.
+        return 128 + 8 * len(input_ids)
+
+    def predict(self, queries: Sequence[Query], progress: Progress | None = None) -> list[TextPredictions]:
+        if progress is not None:
+            progress.forward_done()
         return [
             [
                 [Prediction(score=1.0, token=sum(q.input_ids), token_str="echo", sequence=str(q.input_ids))]
                 for _ in range(self.count_masks(q.input_ids))
             ]
-            for q in queries
+            if progress is None or progress.wanted(i)
+            else []
+            for i, q in enumerate(queries)
         ]
 
 
@@ -66,6 +74,9 @@ class ControlledModel:
     def resolve_targets(self, targets: Sequence[str]) -> tuple[int, ...]:
         return self.inner.resolve_targets(targets)
 
+    def prediction_bytes(self, input_ids: Sequence[int]) -> int:
+        return self.inner.prediction_bytes(input_ids)
+
     def hold(self) -> None:
         """Make the next forward passes wait until :meth:`release`."""
         self.entered.clear()
@@ -74,7 +85,7 @@ class ControlledModel:
     def release(self) -> None:
         self.gate.set()
 
-    def predict(self, queries: Sequence[Query]) -> list[TextPredictions]:
+    def predict(self, queries: Sequence[Query], progress: Progress | None = None) -> list[TextPredictions]:
         self.batches.append([q.input_ids for q in queries])
         self.entered.set()
         if not self.gate.wait(timeout=30):
@@ -83,7 +94,7 @@ class ControlledModel:
             raise RuntimeError("injected fault for every input")
         if any(q.input_ids in self.poisoned for q in queries):
             raise RuntimeError("injected fault: poisoned input in this batch")
-        return self.inner.predict(queries)
+        return self.inner.predict(queries, progress)
 
     def batch_sizes(self) -> list[int]:
         return [len(b) for b in self.batches]

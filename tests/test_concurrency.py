@@ -8,7 +8,7 @@ from typing import Any
 
 from maskserve.engine import FillMaskEngine
 from maskserve.keys import BATCHER_KEY
-from maskserve.model_api import Query, TextPredictions
+from maskserve.model_api import Progress, Query, TextPredictions
 
 from .conftest import ClientFactory
 from .models import WORDS
@@ -36,9 +36,12 @@ class RecordingModel:
     def resolve_targets(self, targets: Sequence[str]) -> tuple[int, ...]:
         return self.engine.resolve_targets(targets)
 
-    def predict(self, queries: Sequence[Query]) -> list[TextPredictions]:
+    def prediction_bytes(self, input_ids: Sequence[int]) -> int:
+        return self.engine.prediction_bytes(input_ids)
+
+    def predict(self, queries: Sequence[Query], progress: Progress | None = None) -> list[TextPredictions]:
         self.batch_sizes.append(len(queries))  # only the inference thread appends
-        return self.engine.predict(queries)
+        return self.engine.predict(queries, progress)
 
 
 def sentence(i: int) -> str:

@@ -1,4 +1,4 @@
-"""/livez and /readyz: honest under a stuck forward pass, a deep queue, a drain; never queued or shed."""
+"""/livez and /readyz: honest under a stuck batch, a deep queue, a drain; never queued or shed; never load."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from typing import Any
 
+import pytest
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient
 
@@ -38,7 +39,8 @@ async def test_idle_server_is_live_and_ready(make_client: ClientFactory) -> None
     status, body = await probe(client, "/readyz")
     assert (status, body["status"], body["problems"]) == (200, "ok", [])
     assert body["queue_depth"] == 0
-    assert body["request_timeout_s"] == 30.0
+    status, body = await probe(client, "/livez")
+    assert body["stall_budget_s"] == 10.0  # unmeasured (no warm-up): the floor, --stall-timeout
 
 
 async def test_operability_endpoints_never_run_the_model(make_client: ClientFactory) -> None:
@@ -61,7 +63,7 @@ async def test_stuck_forward_pass_turns_livez_503_and_recovers_when_it_ends(make
         status, body = await probe(client, "/livez")
         assert status == 503
         assert problem_codes(body) == ["stalled"]
-        assert "--stall-timeout" in body["problems"][0]["message"]
+        assert "--stall-timeout 0.05s" in body["problems"][0]["message"]
         assert body["busy"] is True and body["busy_for_s"] > 0.05
         status, body = await probe(client, "/readyz")
         assert status == 503
@@ -74,7 +76,7 @@ async def test_stuck_forward_pass_turns_livez_503_and_recovers_when_it_ends(make
 
 async def test_busy_server_within_its_stall_budget_is_live(make_client: ClientFactory) -> None:
     model = ControlledModel()
-    client = await make_client(engine=model)  # default budget: 60 s
+    client = await make_client(engine=model)  # default floor: 10 s
     model.hold()
     try:
         busy = asyncio.create_task(client.post("/", data="a [MASK]"))
@@ -87,22 +89,50 @@ async def test_busy_server_within_its_stall_budget_is_live(make_client: ClientFa
     assert (await busy).status == 200
 
 
-async def test_full_queue_turns_readyz_503_while_livez_stays_200(make_client: ClientFactory) -> None:
+async def test_the_stall_budget_grows_with_the_longest_batch_the_limits_admit(make_client: ClientFactory) -> None:
     model = ControlledModel()
-    client = await make_client(engine=model, max_queue=2)
+    client = await make_client(engine=model, stall_timeout=0.05, max_batch_tokens=1000)
+    batcher = client.app[BATCHER_KEY]
+    # Measured: a pass costs 0.02 s plus 0.1 ms a token, so a full budget of 1000 tokens takes
+    # 0.12 s, and four times that is the budget, far above the 0.05 s floor.
+    for tokens in (100, 200, 400):
+        seconds = 0.02 + tokens * 1e-4
+        batcher.cost.observe(BatchReport(size=1, real_tokens=tokens, padded_tokens=tokens, seconds=seconds, failed=0))
+    assert batcher.stall_budget(0.05) == pytest.approx(4 * 0.12, rel=0.05)
+    model.hold()
+    try:
+        busy = asyncio.create_task(client.post("/", data="a [MASK]"))
+        await wait_until_entered(model)
+        await asyncio.sleep(0.2)  # past the floor, within the derived budget
+        status, body = await probe(client, "/livez")
+        assert status == 200, body
+        assert body["stall_budget_s"] == pytest.approx(0.48, rel=0.05)
+        await asyncio.sleep(0.4)  # past the derived budget too
+        status, body = await probe(client, "/livez")
+        assert status == 503 and problem_codes(body) == ["stalled"]
+    finally:
+        model.release()
+    assert (await busy).status == 200
+
+
+async def test_a_full_queue_keeps_readyz_200_while_requests_are_refused_503(make_client: ClientFactory) -> None:
+    model = ControlledModel()
+    client = await make_client(engine=model, max_queue=2, max_inputs=2)
     model.hold()
     try:
         busy = asyncio.create_task(client.post("/", data="a [MASK]"))
         await wait_until_entered(model)
         queued = [asyncio.create_task(client.post("/", data=f"b{i} [MASK]")) for i in range(2)]
         await wait_for_depth(client.app[BATCHER_KEY], 2)
+        # Load is no part of readiness: the replica stays in its Service, and clients get the
+        # 503 with Retry-After, not a refused connection.
         status, body = await probe(client, "/readyz")
-        assert status == 503
-        assert problem_codes(body) == ["queue_full"]
+        assert status == 200 and problem_codes(body) == []
         assert (body["queue_depth"], body["max_queue"]) == (2, 2)
         assert (await probe(client, "/livez"))[0] == 200
+        refused = await client.post("/", data="c [MASK]")
+        assert refused.status == 503 and "Retry-After" in refused.headers
         # Probes, metrics and info are never shed, even while inference requests are.
-        assert (await client.post("/", data="c [MASK]")).status == 503
         assert (await client.get("/metrics")).status == 200
         assert (await client.get("/info")).status == 200
     finally:
@@ -111,7 +141,7 @@ async def test_full_queue_turns_readyz_503_while_livez_stays_200(make_client: Cl
     assert (await probe(client, "/readyz"))[0] == 200
 
 
-async def test_readyz_turns_503_once_the_predicted_wait_exceeds_the_default_deadline(
+async def test_a_predicted_wait_past_the_deadline_is_refused_at_the_door_and_readyz_stays_200(
     make_client: ClientFactory,
 ) -> None:
     model = ControlledModel()
@@ -128,10 +158,7 @@ async def test_readyz_turns_503_once_the_predicted_wait_exceeds_the_default_dead
         slow = asyncio.create_task(client.post("/", data="a [MASK]"))
         await wait_until_entered(model)
         status, body = await probe(client, "/readyz")
-        assert status == 503
-        assert problem_codes(body) == ["predicted_timeout"]
-        assert body["predicted_wait_s"] > 10.0
-        # Exactly when the breaker starts refusing requests with the default deadline.
+        assert status == 200 and body["predicted_wait_s"] > 10.0
         refused = await client.post("/", data="b [MASK]")
         assert refused.status == 503
         assert (await refused.json())["error_type"] == "overloaded"
@@ -173,9 +200,9 @@ async def test_dead_batch_loop_turns_livez_503(make_client: ClientFactory) -> No
 
 
 def test_readiness_before_the_model_is_loaded_says_loading() -> None:
-    live = liveness(None, None, stall_timeout=60.0)
+    live = liveness(None, None, stall_floor=60.0)
     assert live.ok
-    ready = readiness(None, live, request_timeout=30.0)
+    ready = readiness(None, live)
     assert not ready.ok
     assert [p.code for p in ready.problems] == ["loading"]
     assert ready.body()["status"] == "unavailable"

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from html.parser import HTMLParser
 
 from maskserve.keys import BATCHER_KEY, MODEL_KEY
-from maskserve.model_api import Prediction, Query, TextPredictions
+from maskserve.model_api import Prediction, Progress, Query, TextPredictions
 from maskserve.page import CONTENT_SECURITY_POLICY
 
 from .conftest import ClientFactory
@@ -88,7 +88,7 @@ class ScriptyModel(EchoModel):
 
     WORD = '<img src=x onerror="alert(2)">'
 
-    def predict(self, queries: Sequence[Query]) -> list[TextPredictions]:
+    def predict(self, queries: Sequence[Query], progress: Progress | None = None) -> list[TextPredictions]:
         return [
             [[Prediction(score=0.5, token=1, token_str=self.WORD, sequence=self.WORD)]] * self.count_masks(q.input_ids)
             for q in queries

@@ -26,6 +26,7 @@ from .keys import (
     OIP_PARSER_KEY,
     PARSER_KEY,
     SETTINGS_KEY,
+    TOKENIZER_KEY,
 )
 from .lifecycle import Lifecycle
 from .metrics import Metrics
@@ -80,6 +81,7 @@ def batch_limits(settings: Settings) -> BatchLimits:
         max_batch_tokens=settings.max_batch_tokens,
         max_batch_delay=settings.max_batch_delay,
         max_queue=settings.max_queue,
+        max_text_predictions=min(settings.max_masks_per_text * settings.max_top_k, settings.max_predictions),
     )
 
 
@@ -90,6 +92,9 @@ def request_limits(settings: Settings) -> Limits:
         max_top_k=settings.max_top_k,
         max_targets=settings.max_targets,
         default_top_k=settings.default_top_k,
+        max_masks_per_text=settings.max_masks_per_text,
+        max_predictions=settings.max_predictions,
+        max_response_bytes=settings.max_response_bytes,
     )
 
 
@@ -117,6 +122,19 @@ def inference_context(
         loop = asyncio.get_running_loop()
         loaded = model if model is not None else await loop.run_in_executor(executor, load_model, settings)
         batcher = Batcher(loaded, executor, batch_limits(settings))
+        if settings.warmup:
+            # Before the port opens and before the metrics look: its passes are no one's requests.
+            seconds = await batcher.warm_up(settings.max_top_k)
+            log.info(
+                "warmed up in %.2fs: the longest batch the limits admit would take about %.1fs here; "
+                "stall budget %.1fs",
+                seconds,
+                batcher.calibrated_longest_s,
+                batcher.stall_budget(settings.stall_timeout),
+            )
+        # One thread, so that tokenizing long texts takes at most one core from the model.
+        tokenizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="maskserve-tokenizer")
+        app[TOKENIZER_KEY] = tokenizer
         app[MODEL_KEY] = loaded
         app[BATCHER_KEY] = batcher
         app[BREAKER_KEY] = CircuitBreaker(batcher)
@@ -131,6 +149,7 @@ def inference_context(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            tokenizer.shutdown(wait=False, cancel_futures=True)
             if thread is None:  # a thread handed in is its caller's to stop
                 # Don't wait for a hung forward pass: the process is leaving anyway.
                 executor.shutdown(wait=False, cancel_futures=True)

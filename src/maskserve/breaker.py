@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .batcher import Batcher
-from .errors import DeadlineExceeded, Overloaded, ServiceUnavailable, ShuttingDown
+from .batcher import ONE_TEXT, Batcher, Work
+from .errors import DeadlineExceeded, Overloaded, RequestTooCostly, ServiceUnavailable, ShuttingDown
 
 
 class CircuitBreaker:
@@ -32,18 +32,42 @@ class CircuitBreaker:
             self.refused[refusal.reason] += 1
             raise refusal
 
-    def _refusal(self, time_left: float) -> ServiceUnavailable | None:
+    def admit(self, work: Work, time_left: float, request_timeout: float) -> None:
+        """Raise unless a parsed request of ``work`` may be queued now, with ``time_left`` seconds.
+
+        The door let it in on the cost of one text; now its whole cost is known, answers
+        included. One that cannot finish in time even alone is refused for what it is: 422 when
+        no deadline this server allows would do (change the request), 504 when only the client's
+        own shorter one is too short. One that could, but not behind the work already queued, is
+        told to come back when that work is done (503, Retry-After).
+        """
+        own = self.batcher.seconds_for(work)
+        if own > time_left:
+            if own > request_timeout:
+                raise RequestTooCostly(
+                    f"this request would take about {own:.1f}s on this server even with nothing else to do, "
+                    f"more than its longest deadline ({request_timeout:g}s); send fewer or shorter texts, "
+                    "or ask for fewer predictions"
+                )
+            raise DeadlineExceeded(f"this request would take about {own:.1f}s, more than its deadline allows")
+        refusal = self._refusal(time_left, work)
+        if refusal is not None:
+            self.refused[refusal.reason] += 1
+            raise refusal
+
+    def _refusal(self, time_left: float, work: Work = ONE_TEXT) -> ServiceUnavailable | None:
         batcher = self.batcher
         if batcher.closed:
             return ShuttingDown("the server is shutting down and accepts no new work", retry_after=1.0)
-        if batcher.is_full():
+        if batcher.is_full(work.texts):
             return Overloaded(
                 f"the server is at capacity ({batcher.depth} texts queued); retry later",
                 retry_after=batcher.retry_after(),
                 reason="queue_full",
             )
-        # Its own text adds at least one more batch of work; the wait already ahead is known.
-        predicted = batcher.predicted_wait(extra_texts=1)
+        # At the door, its own text adds at least one more batch of work; once parsed, its whole
+        # cost. The wait already ahead is known.
+        predicted = batcher.predicted_wait(work)
         if predicted > time_left:
             return Overloaded(
                 f"the predicted wait ({predicted:.1f}s) exceeds this request's deadline ({time_left:.1f}s)",

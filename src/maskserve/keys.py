@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -47,6 +48,8 @@ METRICS_KEY = web.AppKey("metrics", Metrics)
 METRICS_PEERS_KEY = web.AppKey("metrics_peers", Peers)
 # The active middleware chain's stage names, outermost first (for /info).
 MIDDLEWARE_CHAIN_KEY: web.AppKey[tuple[str, ...]] = web.AppKey("middleware_chain")
+# The thread that tokenizes long texts, off the event loop (views.to_queries).
+TOKENIZER_KEY = web.AppKey("tokenizer", Executor)
 # The batch loop's task, so /livez can tell when it died.
 BATCH_LOOP_KEY: web.AppKey[asyncio.Task[None]] = web.AppKey("batch_loop")
 

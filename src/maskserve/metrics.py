@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from . import __version__
-from .batcher import Answer, Batcher, BatchReport
+from .batcher import ONE_TEXT, Answer, Batcher, BatchReport
 from .breaker import CircuitBreaker
 from .model_api import describe_model
 
@@ -167,8 +167,8 @@ class _ServingState(Collector):
         )
         yield GaugeMetricFamily(
             "maskserve_predicted_wait_seconds",
-            "Predicted wait for one more text now, from the measured cost; /readyz and the breaker use it.",
-            value=batcher.predicted_wait(extra_texts=1),
+            "Predicted wait for one more text now, from the measured cost; the breaker refuses at the door by it.",
+            value=batcher.predicted_wait(ONE_TEXT),
         )
         yield GaugeMetricFamily(
             "maskserve_inference_in_flight_seconds",

@@ -21,10 +21,10 @@ from . import __version__
 from .deadlines import request_deadline
 from .errors import NotFound
 from .health import live, probe_response, ready
-from .keys import MODEL_KEY, OIP_PARSER_KEY, PARSER_KEY, SETTINGS_KEY
+from .keys import MODEL_KEY, OIP_PARSER_KEY, SETTINGS_KEY
 from .model_api import describe_model
 from .oip_schemas import DATATYPE, HEADER_LENGTH, INPUT_NAME, OUTPUT_NAME, infer_response
-from .views import answer, request_trace, timing_headers
+from .views import answer, request_trace, timing_headers, to_queries
 
 # The protocol says a failed health check is a 4xx; Triton answers 400, and so does maskserve.
 NOT_HEALTHY = 400
@@ -84,7 +84,7 @@ async def infer(request: web.Request) -> web.Response:
     with request_trace(request).step("maskserve.parse"):
         body = await request.read()
         parsed = request.app[OIP_PARSER_KEY].parse(body, request.headers.get(HEADER_LENGTH))
-        queries = request.app[PARSER_KEY].queries(parsed.request, request.app[MODEL_KEY])
+        queries = await to_queries(request, parsed.request)
     answers = await answer(request, queries, deadline)
-    payload, headers = infer_response(name, parsed, [a.predictions for a in answers])
+    payload, headers = infer_response(name, parsed, [a.json for a in answers])
     return web.Response(body=payload, headers={**headers, **timing_headers(answers)})

@@ -25,7 +25,6 @@ from typing import Any
 import jsonschema
 
 from .errors import InvalidBody, InvalidInput
-from .model_api import TextPredictions
 from .schemas import FillMaskRequest, Limits, load_json
 
 INPUT_NAME = "text"
@@ -243,16 +242,13 @@ class InferRequestParser:
         return tuple(word.strip() for word in words)
 
 
-def text_outputs(answers: Sequence[TextPredictions]) -> list[bytes]:
-    """Each text's predictions as ``POST /`` answers one text: one list, or one list per mask."""
-    return [json.dumps(answer[0] if len(answer) == 1 else answer).encode() for answer in answers]
+def infer_response(model_name: str, request: InferRequest, texts_json: Sequence[bytes]) -> tuple[bytes, dict[str, str]]:
+    """The infer response's body and headers, in JSON or in the binary extension as asked.
 
-
-def infer_response(
-    model_name: str, request: InferRequest, answers: Sequence[TextPredictions]
-) -> tuple[bytes, dict[str, str]]:
-    """The infer response's body and headers, in JSON or in the binary extension as asked."""
-    items = text_outputs(answers)
+    Each text's output element is the JSON ``POST /`` answers for that text alone, as the
+    inference thread made it (``Answer.json``).
+    """
+    items = list(texts_json)
     output: dict[str, Any] = {"name": OUTPUT_NAME, "datatype": DATATYPE, "shape": [len(items)]}
     response: dict[str, Any] = {"model_name": model_name, "outputs": [output]}
     if request.id is not None:

@@ -41,7 +41,7 @@ from .errors import (
 from .keys import BREAKER_KEY, ERROR_KEY, ERROR_KIND_KEY, MODEL_KEY, PARSER_KEY, REQUEST_ID_KEY
 from .model_api import Prediction, describe_model
 from .schemas import FillMaskRequest, Limits
-from .views import answer, request_trace, timing_headers
+from .views import answer, request_trace, timing_headers, to_queries
 
 log = logging.getLogger(__name__)
 
@@ -298,7 +298,7 @@ async def demo(request: web.Request) -> web.Response:
         with request_trace(request).step("maskserve.parse"):
             top_k_value = parse_top_k(top_k, parser.limits)
             parsed = FillMaskRequest(texts=(text,), batched=False, top_k=top_k_value, targets=None)
-            queries = parser.queries(parsed, model)
+            queries = await to_queries(request, parsed)
         answers = await answer(request, queries, deadline)
     except MaskserveError as exc:
         # The error middleware's bookkeeping (the kind for the access log, a warning for

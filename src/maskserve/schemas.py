@@ -17,8 +17,16 @@ from typing import Any
 
 import jsonschema
 
-from .errors import InvalidBody, InvalidInput, NoMaskToken, TextTooLong
-from .model_api import FillMaskModel, Prediction, Query, TextPredictions
+from .errors import (
+    InvalidBody,
+    InvalidInput,
+    NoMaskToken,
+    ResponseTooLarge,
+    TextTooLong,
+    TooManyMasks,
+    TooManyPredictions,
+)
+from .model_api import FillMaskModel, Query, TextPredictions, unwrap
 
 JSON_CONTENT_TYPES = frozenset({"application/json"})
 
@@ -32,6 +40,9 @@ class Limits:
     max_top_k: int = 100
     max_targets: int = 100
     default_top_k: int = 5
+    max_masks_per_text: int = 8
+    max_predictions: int = 2048
+    max_response_bytes: int = 4 * 1_048_576
     # A valid body nests three levels ({"parameters": {"targets": [...]}}); the slack is for
     # "options". Checked before schema validation, whose error messages repr the instance
     # recursively: a body nested near Python's recursion limit would otherwise end in a 500.
@@ -212,10 +223,36 @@ class RequestParser:
                     "none of parameters.targets is in the model's vocabulary", field="parameters.targets"
                 )
         many = len(request.texts) > 1
-        return [
+        queries = [
             self._query(text, f"{request.location}[{index}]" if many else None, request, target_ids, model)
             for index, text in enumerate(request.texts)
         ]
+        self._check_answer_size(queries, model)
+        return queries
+
+    def _check_answer_size(self, queries: Sequence[Query], model: FillMaskModel) -> None:
+        """Refuse, before any work, an answer too costly to make or too big to send.
+
+        Every prediction decodes its whole text again (its ``sequence``), so the work after the
+        forward pass and the answer's size both grow with texts x masks x top_k x length.
+        """
+        limits = self.limits
+        predictions = sum(q.predictions for q in queries)
+        if predictions > limits.max_predictions:
+            masks = sum(q.n_masks for q in queries)
+            raise TooManyPredictions(
+                f"this request asks for {predictions} predictions ({len(queries)} texts with {masks} masks, "
+                f"top_k {queries[0].top_k}); the limit is {limits.max_predictions}: ask for a smaller top_k, "
+                "or send fewer texts or masks"
+            )
+        # The list brackets and separators, then each text's predictions at their largest.
+        size = 2 + sum(2 + q.predictions * model.prediction_bytes(q.input_ids) for q in queries)
+        if size > limits.max_response_bytes:
+            raise ResponseTooLarge(
+                f"the answer could take up to {size} bytes (each of its {predictions} predictions repeats its "
+                f"whole text), more than the limit of {limits.max_response_bytes}: ask for a smaller top_k, or "
+                "send fewer or shorter texts"
+            )
 
     def _query(
         self,
@@ -244,18 +281,24 @@ class RequestParser:
             raise TextTooLong(
                 f"{where} has {len(input_ids)} tokens; this model reads at most {model.max_tokens}", field=field
             )
-        if model.count_masks(input_ids) == 0:
+        masks = model.count_masks(input_ids)
+        if masks == 0:
             raise NoMaskToken(f"{where} holds no usable mask token; write {model.mask_token} exactly", field=field)
-        return Query(input_ids=input_ids, top_k=top_k, target_ids=target_ids)
+        if masks > self.limits.max_masks_per_text:
+            raise TooManyMasks(
+                f"{where} holds {masks} mask tokens; the limit is {self.limits.max_masks_per_text} a text", field=field
+            )
+        return Query(input_ids=input_ids, top_k=top_k, target_ids=target_ids, n_masks=masks)
 
 
 def shape_response(request: FillMaskRequest, answers: Sequence[TextPredictions]) -> Any:
-    """The pipeline's output shape: unwrap single masks, then a single (non-list) input.
-
-    This is the one place the pipeline's unwrapping rules live (FIELD.md §6: getting them wrong
-    spreads one sentence's predictions over several callers).
-    """
-    per_text: list[list[Prediction] | TextPredictions] = [
-        answer[0] if len(answer) == 1 else answer for answer in answers
-    ]
+    """The pipeline's output shape: each text's answer unwrapped (:func:`model_api.unwrap`), then
+    a single (non-list) input unwrapped too."""
+    per_text = [unwrap(answer) for answer in answers]
     return per_text if request.batched else per_text[0]
+
+
+def response_body(request: FillMaskRequest, texts_json: Sequence[bytes]) -> bytes:
+    """:func:`shape_response`'s JSON, from each text's own (made on the inference thread): the
+    event loop only joins them, whatever their size."""
+    return b"[" + b", ".join(texts_json) + b"]" if request.batched else texts_json[0]

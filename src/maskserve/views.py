@@ -2,18 +2,39 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Sequence
 
 from aiohttp import web
 
-from .batcher import Answer
+from .batcher import Answer, Work
 from .deadlines import request_deadline
-from .keys import ANSWERS_KEY, BATCHER_KEY, METRICS_KEY, METRICS_PEERS_KEY, MODEL_KEY, PARSER_KEY, TRACE_KEY
+from .errors import ResponseTooLarge
+from .keys import (
+    ANSWERS_KEY,
+    BATCHER_KEY,
+    BREAKER_KEY,
+    METRICS_KEY,
+    METRICS_PEERS_KEY,
+    MODEL_KEY,
+    PARSER_KEY,
+    SETTINGS_KEY,
+    TOKENIZER_KEY,
+    TRACE_KEY,
+)
 from .metrics import merge_expositions
 from .model_api import Query
-from .schemas import shape_response
+from .schemas import FillMaskRequest, response_body
 from .traces import NO_TRACE, RequestTrace
+
+log = logging.getLogger(__name__)
+
+# Texts up to this many characters in all are tokenized on the event loop: a hop to the tokenizer
+# thread costs more than they do. Longer ones go to that thread, where the tokenizer releases the
+# interpreter lock, so no request's texts can hold the event loop (and /livez) for long.
+INLINE_TOKENIZE_CHARS = 512
 
 
 def timing_headers(answers: list[Answer]) -> dict[str, str]:
@@ -31,14 +52,39 @@ def request_trace(request: web.Request) -> RequestTrace:
     return NO_TRACE if trace is None else trace
 
 
+async def to_queries(request: web.Request, parsed: FillMaskRequest) -> list[Query]:
+    """Tokenize and check a parsed request's texts (a 4xx names the first problem), off the event
+    loop unless they are short."""
+    app = request.app
+    parser, model = app[PARSER_KEY], app[MODEL_KEY]
+    if sum(len(text) for text in parsed.texts) <= INLINE_TOKENIZE_CHARS:
+        return parser.queries(parsed, model)
+    return await asyncio.get_running_loop().run_in_executor(app[TOKENIZER_KEY], parser.queries, parsed, model)
+
+
 async def answer(request: web.Request, queries: Sequence[Query], deadline: float) -> list[Answer]:
-    """Queue a request's texts and wait for their answers: traced, and kept for the metrics."""
+    """Admit a request on its whole cost, queue its texts and wait for their answers: traced, and
+    kept for the metrics."""
+    app = request.app
+    time_left = deadline - asyncio.get_running_loop().time()
+    app[BREAKER_KEY].admit(Work.of(queries), time_left, app[SETTINGS_KEY].request_timeout)
     trace = request_trace(request)
     queued_ns = time.time_ns()
-    answers = await request.app[BATCHER_KEY].answer(queries, deadline, trace.link)
+    answers = await app[BATCHER_KEY].answer(queries, deadline, trace.link)
     trace.served(answers, queued_ns)
     request[ANSWERS_KEY] = answers
     return answers
+
+
+def json_answer(request: web.Request, parsed: FillMaskRequest, answers: Sequence[Answer]) -> web.Response:
+    """The pipeline's JSON for ``answers``, joined from each text's own (no encoding here)."""
+    body = response_body(parsed, [a.json for a in answers])
+    limit = request.app[SETTINGS_KEY].max_response_bytes
+    if len(body) > limit:
+        # The parser's bound is an upper bound, so this is a bug; the limit holds regardless.
+        log.error("an answer of %d bytes passed the bound of %d bytes; this is a bug", len(body), limit)
+        raise ResponseTooLarge(f"the answer takes {len(body)} bytes, more than the limit of {limit}")
+    return web.Response(body=body, content_type="application/json", headers=timing_headers(list(answers)))
 
 
 async def fill_mask(request: web.Request) -> web.Response:
@@ -48,9 +94,9 @@ async def fill_mask(request: web.Request) -> web.Response:
     with request_trace(request).step("maskserve.parse"):
         body = await request.read()
         parsed = parser.parse(body, request.content_type)
-        queries = parser.queries(parsed, request.app[MODEL_KEY])
+        queries = await to_queries(request, parsed)
     answers = await answer(request, queries, deadline)
-    return web.json_response(shape_response(parsed, [a.predictions for a in answers]), headers=timing_headers(answers))
+    return json_answer(request, parsed, answers)
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -12,7 +12,7 @@ from aiohttp import ClientResponse
 
 from maskserve.engine import FillMaskEngine
 from maskserve.errors import INTERNAL_MESSAGE
-from maskserve.model_api import Query, TextPredictions
+from maskserve.model_api import Progress, Query, TextPredictions
 
 from ..conftest import ClientFactory
 
@@ -37,8 +37,11 @@ class ExplodingEncoder:
     def resolve_targets(self, targets: Sequence[str]) -> tuple[int, ...]:
         return self.engine.resolve_targets(targets)
 
-    def predict(self, queries: Sequence[Query]) -> list[TextPredictions]:
-        return self.engine.predict(queries)
+    def prediction_bytes(self, input_ids: Sequence[int]) -> int:
+        return self.engine.prediction_bytes(input_ids)
+
+    def predict(self, queries: Sequence[Query], progress: Progress | None = None) -> list[TextPredictions]:
+        return self.engine.predict(queries, progress)
 
 
 # Keys an error body may carry besides the three every one has (errors.MaskserveError.details).

@@ -52,7 +52,7 @@ def traced(aiohttp_client: Any, exporter: InMemorySpanExporter) -> Callable[...,
     """A client of ``create_app`` with tracing on, served with maskserve's access logger."""
 
     async def make(engine: FillMaskModel, **settings: Any) -> Client:
-        app = create_app(Settings(traces_exporter="console", **settings), engine=engine)
+        app = create_app(Settings(traces_exporter="console", **{"warmup": False, **settings}), engine=engine)
         server = TestServer(app)
         # TestServer turns handler cancellation on, as maskserve does.
         await server.start_server(access_log_class=AccessLogger, access_log=logging.getLogger("maskserve.access"))
