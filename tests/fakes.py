@@ -8,18 +8,36 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from maskserve.batcher import Batcher
 from maskserve.model_api import FillMaskModel, Prediction, Progress, Query, TextPredictions
 
 
+@dataclass(frozen=True)
+class Costs:
+    """Seconds a model spends, as a real one would: a pass, per padded token, per decoded token."""
+
+    per_pass: float = 0.0
+    per_padded_token: float = 0.0
+    per_prediction_token: float = 0.0
+
+
 class EchoModel:
-    """A pure-Python model: its one prediction names the text's token ids, so answers are checkable."""
+    """A pure-Python model: its one prediction names the text's token ids, so answers are checkable.
+
+    With ``costs``, it takes the time a real model would, in the same two phases: the forward
+    pass, then each text's post-processing (skipped for a text nobody waits for).
+    """
 
     name = "echo"
     mask_token = "[MASK]"
     max_tokens = 512
+
+    def __init__(self, costs: Costs = Costs()) -> None:
+        self.costs = costs
 
     def encode(self, text: str) -> tuple[int, ...]:
         # One token per word, plus [CLS]/[SEP]; "[MASK]" is token 4 as in BERT.
@@ -36,17 +54,20 @@ class EchoModel:
         return 128 + 8 * len(input_ids)
 
     def predict(self, queries: Sequence[Query], progress: Progress | None = None) -> list[TextPredictions]:
+        costs = self.costs
+        padded = len(queries) * max((q.n_tokens for q in queries), default=0)
+        time.sleep(costs.per_pass + costs.per_padded_token * padded)
         if progress is not None:
             progress.forward_done()
-        return [
-            [
-                [Prediction(score=1.0, token=sum(q.input_ids), token_str="echo", sequence=str(q.input_ids))]
-                for _ in range(self.count_masks(q.input_ids))
-            ]
-            if progress is None or progress.wanted(i)
-            else []
-            for i, q in enumerate(queries)
-        ]
+        answers: list[TextPredictions] = []
+        for i, q in enumerate(queries):
+            if progress is not None and not progress.wanted(i):
+                answers.append([])
+                continue
+            time.sleep(costs.per_prediction_token * q.predictions * q.n_tokens)
+            prediction = Prediction(score=1.0, token=sum(q.input_ids), token_str="echo", sequence=str(q.input_ids))
+            answers.append([[prediction] for _ in range(self.count_masks(q.input_ids))])
+        return answers
 
 
 class ControlledModel:

@@ -12,7 +12,8 @@ from maskserve.breaker import CircuitBreaker
 from maskserve.errors import DeadlineExceeded, Overloaded, ShuttingDown
 from maskserve.model_api import Query
 
-from .fakes import EchoModel
+from .conftest import ClientFactory
+from .fakes import Costs, EchoModel
 
 
 def make_batcher(**limits: int) -> Batcher:
@@ -76,3 +77,43 @@ async def test_request_already_past_its_deadline_at_the_door_answers_504_not_503
     with pytest.raises(DeadlineExceeded):
         breaker.check(time_left=-0.0)
     assert not breaker.refused
+
+
+async def test_the_advertised_wait_stays_within_twice_the_real_one_on_a_mixed_flood(
+    make_client: ClientFactory,
+) -> None:
+    # A model that costs what a real one does, in its two phases: a pass, its padded tokens, and
+    # decoding every prediction's copy of its text.
+    model = EchoModel(Costs(per_pass=0.01, per_padded_token=2e-5, per_prediction_token=2e-6))
+    client = await make_client(engine=model, warmup=True, max_batch_size=8)
+    long_text = {"inputs": "w " * 300 + "[MASK]", "parameters": {"top_k": 20}}
+    short_text = {"inputs": "a short one [MASK] .", "parameters": {"top_k": 5}}
+    stop = asyncio.Event()
+
+    async def flood(index: int) -> None:
+        while not stop.is_set():
+            response = await client.post("/", json=long_text if index % 3 == 0 else short_text)
+            assert response.status in (200, 503), await response.text()
+            await response.read()
+
+    flooders = [asyncio.create_task(flood(i)) for i in range(24)]
+    ratios: list[float] = []
+    try:
+        await asyncio.sleep(0.5)
+        for _ in range(40):
+            # What the door and Retry-After go by: the predicted wait for one more text now...
+            predicted = (await (await client.get("/readyz")).json())["predicted_wait_s"]
+            started = asyncio.get_running_loop().time()
+            response = await client.post("/", json=short_text)
+            # ...against how long one more text really took.
+            if response.status == 200:
+                ratios.append((asyncio.get_running_loop().time() - started) / predicted)
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await asyncio.gather(*flooders)
+    ratios.sort()
+    assert len(ratios) >= 30, ratios
+    # Within twice either way for nine in ten probes; the middle one close to even.
+    assert ratios[len(ratios) // 20] >= 0.5 and ratios[-len(ratios) // 20 - 1] <= 2.0, ratios
+    assert 0.67 <= ratios[len(ratios) // 2] <= 1.5, ratios

@@ -12,7 +12,7 @@ import-linter contracts in setup.cfg (``tox -e style``) hold the code to this ta
     serve                                                 run an app: listen, follow stop signals, drain, stop
     app                                                   create_app(): shared state, lifecycle, middlewares, routes
     routes                                                every route in one table, and the roles the stages read
-    views : page : health : info : openapi : oip          handlers: API, page, probes, /info, OpenAPI, Open Inference
+    views : page : health : agent : info : openapi : oip  handlers: API, page, probes, load agent, /info, OpenAPI, OIP
     middleware                                            the stages around every handler, one per file, and the chain
     keys : deadlines : schemas : oip_schemas : logs       HTTP building blocks: typed keys, deadlines, parsing, logs
     traces : tracing                                      what handlers tell tracing; its OpenTelemetry side (extra)

@@ -12,6 +12,7 @@ import aiohttp_jinja2
 import jinja2
 from aiohttp import web
 
+from .agent import agent_context
 from .batcher import Batcher, BatchLimits
 from .breaker import CircuitBreaker
 from .errors import ShuttingDown
@@ -217,6 +218,8 @@ def create_app(
         if callable(setup_app):
             setup_app(app)
     app.cleanup_ctx.append(inference_context(engine, thread))
+    if settings.agent_port:
+        app.cleanup_ctx.append(agent_context(settings.agent_port))
     app.on_shutdown.append(drain_on_shutdown)
     # The demo page's templates, from the package; autoescape on, and a missing variable is an
     # error rather than an empty string.

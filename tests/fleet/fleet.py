@@ -64,6 +64,8 @@ class Replica:
         if self.running:
             raise RuntimeError(f"{self.name} is already running")
         argv = [sys.executable, "-m", "maskserve", "--host", self.address.host, "--port", str(self.address.port)]
+        if self.address.agent_port is not None:
+            argv += ["--agent-port", str(self.address.agent_port)]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:  # the child keeps its own copy of the descriptor
@@ -115,7 +117,7 @@ class Replica:
 
 
 class Rotation:
-    """HAProxy's view of its servers, polled every 10 ms on a thread: when each changed state.
+    """HAProxy's view of its servers, polled every 10 ms on a thread: when each changed state or weight.
 
     A thread, not a task: the event loop is busy with the clients, and a check result seen late
     would make the measured times look worse than HAProxy is.
@@ -135,7 +137,11 @@ class Rotation:
                 now = time.monotonic()
                 for name, state in states.items():
                     before = self.latest.get(name)
-                    if before is None or (before.status, before.check) != (state.status, state.check):
+                    if before is None or (before.status, before.check, before.weight) != (
+                        state.status,
+                        state.check,
+                        state.weight,
+                    ):
                         self.changes.append((now, name, state))
                 self.latest = states
 
