@@ -82,6 +82,7 @@ async def test_flood_of_several_times_capacity_sheds_cleanly_and_keeps_serving()
     missing_retry_after = 0
     latencies_ok: list[float] = []
     probe_ms: list[float] = []
+    ready_probes: list[int] = []
     sent = 0
     started = time.monotonic()
     try:
@@ -115,6 +116,10 @@ async def test_flood_of_several_times_capacity_sheds_cleanly_and_keeps_serving()
                         await response.read()
                         assert response.status < 500
                     probe_ms.append((time.monotonic() - t0) * 1000)
+                    # Overloaded is not unready: the flood never takes it out of a balancer.
+                    async with session.get(url + "readyz") as response:
+                        assert response.status == 200, await response.text()
+                        ready_probes.append(response.status)
                     await asyncio.sleep(0.5)
 
             await asyncio.gather(*(client(i) for i in range(CLIENTS)), probe())
@@ -133,6 +138,7 @@ async def test_flood_of_several_times_capacity_sheds_cleanly_and_keeps_serving()
     p99 = latencies_ok[int(0.99 * (len(latencies_ok) - 1))]
     assert p99 <= TIMEOUT_S, p99
     assert probe_ms, "the event loop answered no GET during the flood"
+    assert ready_probes and set(ready_probes) == {200}
     figures = {
         "requests": sum(statuses.values()),
         "seconds": round(elapsed, 1),
