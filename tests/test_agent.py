@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from maskserve.batcher import BatchReport
-from maskserve.keys import BATCHER_KEY, LIFECYCLE_KEY
+from maskserve.keys import SERVICE_KEY
 
 from .conftest import ClientFactory
 from .fakes import ControlledModel, wait_for_depth, wait_until_entered
@@ -37,10 +37,10 @@ async def test_the_weight_falls_as_the_queue_fills_but_never_to_zero(make_client
         busy = asyncio.create_task(client.post("/", data="a [MASK]"))
         await wait_until_entered(model)
         queued = [asyncio.create_task(client.post("/", data=f"b{i} [MASK]")) for i in range(2)]
-        await wait_for_depth(client.app[BATCHER_KEY], 2)
+        await wait_for_depth(client.app[SERVICE_KEY].batcher, 2)
         assert await agent_says(port) == "ready up 50%\n"
         queued += [asyncio.create_task(client.post("/", data=f"c{i} [MASK]")) for i in range(2)]
-        await wait_for_depth(client.app[BATCHER_KEY], 4)
+        await wait_for_depth(client.app[SERVICE_KEY].batcher, 4)
         assert await agent_says(port) == "ready up 1%\n"  # full, and still in rotation
     finally:
         model.release()
@@ -54,12 +54,12 @@ async def test_a_predicted_wait_near_the_deadline_lowers_the_weight(make_client:
     # Measured: every pass takes 4 s, so one more text waits 4 s of a 10 s deadline.
     for tokens in (10, 20):
         report = BatchReport(size=1, real_tokens=tokens, padded_tokens=tokens, seconds=4.0, failed=0)
-        client.app[BATCHER_KEY].cost.observe(report)
+        client.app[SERVICE_KEY].batcher.cost.observe(report)
     assert await agent_says(port) == "ready up 60%\n"
 
 
 async def test_a_draining_server_tells_the_balancer_to_drain(make_client: ClientFactory) -> None:
     port = free_port()
     client = await make_client(agent_port=port)
-    client.app[LIFECYCLE_KEY].start_draining()
+    client.app[SERVICE_KEY].lifecycle.start_draining()
     assert await agent_says(port) == "drain\n"

@@ -9,10 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from maskserve.batcher import Batcher, BatchLimits, BatchReport, CostModel, Work, predict_isolating
+from maskserve.batcher import Batcher, BatchReport, CostModel, Work, predict_isolating
 from maskserve.engine import FillMaskEngine
 from maskserve.errors import DeadlineExceeded, InferenceFailed, Overloaded, ShuttingDown
 from maskserve.model_api import Query
+from maskserve.settings import Settings
 
 from .fakes import ControlledModel, EchoModel, wait_for_depth, wait_until_entered
 
@@ -24,7 +25,7 @@ def query(text: str, model: EchoModel | ControlledModel | None = None) -> Query:
 @contextlib.asynccontextmanager
 async def running(model: ControlledModel, **limits: float) -> AsyncIterator[Batcher]:
     executor = ThreadPoolExecutor(max_workers=1)
-    batcher = Batcher(model, executor, BatchLimits(**limits))  # type: ignore[arg-type]
+    batcher = Batcher(model, executor, Settings(**limits))  # type: ignore[arg-type]
     task = asyncio.create_task(batcher.run())
     try:
         yield batcher
@@ -378,7 +379,7 @@ async def test_the_inference_thread_is_back_soon_after_a_deadline_passes_in_post
     ids = default_engine.encode(" ".join(["word"] * 490 + [m] * 8))
     costly = [Query(ids, top_k=100, n_masks=8)]
     executor = ThreadPoolExecutor(max_workers=1)
-    batcher = Batcher(default_engine, executor, BatchLimits())
+    batcher = Batcher(default_engine, executor, Settings())
     task = asyncio.create_task(batcher.run())
     try:
         loop = asyncio.get_running_loop()

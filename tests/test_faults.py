@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from maskserve.engine import FillMaskEngine
-from maskserve.keys import BATCHER_KEY
+from maskserve.keys import SERVICE_KEY
 
 from .conftest import ClientFactory
 from .fakes import ControlledModel, wait_for_depth, wait_until_entered
@@ -40,7 +40,7 @@ async def test_a_poisoned_input_fails_alone_and_its_batch_neighbours_are_answere
     first = asyncio.create_task(client.post("/", data="warm [MASK]."))
     await wait_until_entered(model)
     requests = [asyncio.create_task(client.post("/", data=text)) for text in [*texts[:3], poisoned, *texts[3:]]]
-    await wait_for_depth(client.app[BATCHER_KEY], 8)
+    await wait_for_depth(client.app[SERVICE_KEY].batcher, 8)
     model.release()
     responses = await asyncio.gather(first, *requests)
     statuses = [r.status for r in responses]

@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient
 
 from maskserve.batcher import BatchReport
 from maskserve.health import liveness, readiness
-from maskserve.keys import BATCH_LOOP_KEY, BATCHER_KEY, LIFECYCLE_KEY
+from maskserve.keys import SERVICE_KEY
 
 from .conftest import ClientFactory
 from .fakes import ControlledModel, wait_for_depth, wait_until_entered
@@ -92,7 +92,7 @@ async def test_busy_server_within_its_stall_budget_is_live(make_client: ClientFa
 async def test_the_stall_budget_grows_with_the_longest_batch_the_limits_admit(make_client: ClientFactory) -> None:
     model = ControlledModel()
     client = await make_client(engine=model, stall_timeout=0.05, max_batch_tokens=1000)
-    batcher = client.app[BATCHER_KEY]
+    batcher = client.app[SERVICE_KEY].batcher
     # Measured: a pass costs 0.02 s plus 0.1 ms a token, so a full budget of 1000 tokens takes
     # 0.12 s, and four times that is the budget, far above the 0.05 s floor.
     for tokens in (100, 200, 400):
@@ -123,7 +123,7 @@ async def test_a_full_queue_keeps_readyz_200_while_requests_are_refused_503(make
         busy = asyncio.create_task(client.post("/", data="a [MASK]"))
         await wait_until_entered(model)
         queued = [asyncio.create_task(client.post("/", data=f"b{i} [MASK]")) for i in range(2)]
-        await wait_for_depth(client.app[BATCHER_KEY], 2)
+        await wait_for_depth(client.app[SERVICE_KEY].batcher, 2)
         # Load is no part of readiness: the replica stays in its Service, and clients get the
         # 503 with Retry-After, not a refused connection.
         status, body = await probe(client, "/readyz")
@@ -151,7 +151,7 @@ async def test_a_predicted_wait_past_the_deadline_is_refused_at_the_door_and_rea
     # flight, about 8 + 8 = 16 s: beyond it.
     for tokens in (100, 200):
         report = BatchReport(size=10, real_tokens=tokens, padded_tokens=tokens, seconds=8.0, failed=0)
-        client.app[BATCHER_KEY].cost.observe(report)
+        client.app[SERVICE_KEY].batcher.cost.observe(report)
     assert (await probe(client, "/readyz"))[0] == 200
     model.hold()
     try:
@@ -169,7 +169,7 @@ async def test_a_predicted_wait_past_the_deadline_is_refused_at_the_door_and_rea
 
 async def test_draining_server_is_live_but_not_ready(make_client: ClientFactory) -> None:
     client = await make_client()
-    client.app[BATCHER_KEY].close()
+    client.app[SERVICE_KEY].batcher.close()
     status, body = await probe(client, "/readyz")
     assert status == 503
     assert problem_codes(body) == ["draining"]
@@ -178,7 +178,7 @@ async def test_draining_server_is_live_but_not_ready(make_client: ClientFactory)
 
 async def test_in_the_drain_delay_readyz_fails_while_requests_are_still_answered(make_client: ClientFactory) -> None:
     client = await make_client()
-    client.app[LIFECYCLE_KEY].start_draining()  # what the first SIGTERM does (serve.StopSignals)
+    client.app[SERVICE_KEY].lifecycle.start_draining()  # what the first SIGTERM does (serve.StopSignals)
     status, body = await probe(client, "/readyz")
     assert status == 503
     assert problem_codes(body) == ["draining"]
@@ -190,7 +190,7 @@ async def test_in_the_drain_delay_readyz_fails_while_requests_are_still_answered
 
 async def test_dead_batch_loop_turns_livez_503(make_client: ClientFactory) -> None:
     client = await make_client()
-    loop_task = client.app[BATCH_LOOP_KEY]
+    loop_task = client.app[SERVICE_KEY].loaded.batch_loop  # type: ignore[union-attr]
     loop_task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await loop_task

@@ -10,7 +10,7 @@ import pytest
 from aiohttp import ClientResponse
 
 from maskserve.batcher import BatchReport
-from maskserve.keys import BATCHER_KEY
+from maskserve.keys import SERVICE_KEY
 
 from .conftest import ClientFactory
 from .fakes import ControlledModel, EchoModel
@@ -236,7 +236,7 @@ async def test_a_request_that_could_never_finish_in_time_is_422_and_a_shorter_de
 ) -> None:
     model = ControlledModel()
     client = await make_client(engine=model, request_timeout=10.0)
-    batcher = client.app[BATCHER_KEY]
+    batcher = client.app[SERVICE_KEY].batcher
     # Measured: a pass takes 0.1 s plus 10 ms a token.
     for tokens in (10, 20, 40):
         report = BatchReport(size=1, real_tokens=tokens, padded_tokens=tokens, seconds=0.1 + tokens * 0.01, failed=0)

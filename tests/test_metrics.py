@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from maskserve.batcher import BatchReport
 from maskserve.engine import FillMaskEngine
-from maskserve.keys import BATCHER_KEY
+from maskserve.keys import SERVICE_KEY
 from maskserve.metrics import Metrics
 
 from .conftest import ClientFactory
@@ -130,7 +130,7 @@ async def test_each_app_counts_only_its_own_traffic(make_client: ClientFactory) 
 async def test_expired_abandoned_and_refused_requests_are_counted(make_client: ClientFactory) -> None:
     model = ControlledModel()
     client = await make_client(engine=model, max_queue=3)
-    batcher = client.app[BATCHER_KEY]
+    batcher = client.app[SERVICE_KEY].batcher
     model.hold()
     try:
         busy = asyncio.create_task(client.post("/", data="a [MASK]"))

@@ -17,7 +17,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from tritonclient.utils import InferenceServerException
 
-from maskserve.keys import BATCHER_KEY, LIFECYCLE_KEY
+from maskserve.keys import SERVICE_KEY
 
 from .conftest import ClientFactory
 from .fakes import ControlledModel, wait_for_depth, wait_until_entered
@@ -203,7 +203,7 @@ async def test_broken_binary_framing_is_a_clear_4xx(make_client: ClientFactory) 
 async def test_v2_health_follows_readyz_and_livez(make_client: ClientFactory) -> None:
     client = await make_client()
     assert (await client.get("/v2/health/ready")).status == 200
-    client.app[LIFECYCLE_KEY].start_draining()
+    client.app[SERVICE_KEY].lifecycle.start_draining()
     ready = await client.get("/v2/health/ready")
     assert ready.status == 400  # the protocol's 4xx for "not ready"
     assert [p["code"] for p in (await ready.json())["problems"]] == ["draining"]
@@ -221,7 +221,7 @@ async def test_infer_is_shed_by_the_breaker_and_probes_need_no_key(make_client: 
     busy = asyncio.create_task(client.post(url, json=body, headers=auth))
     await wait_until_entered(model)
     queued = asyncio.create_task(client.post(url, json=body, headers=auth))
-    await wait_for_depth(client.app[BATCHER_KEY], 1)
+    await wait_for_depth(client.app[SERVICE_KEY].batcher, 1)
     refused = await client.post(url, json=body, headers=auth)
     await error_of(refused, 503, "overloaded")
     for probe in ("/v2/health/live", "/v2/health/ready", "/v2/models/maskserve/ready"):

@@ -17,7 +17,7 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 from maskserve.engine import FillMaskEngine
-from maskserve.keys import BATCHER_KEY, PARSER_KEY
+from maskserve.keys import SERVICE_KEY
 from maskserve.openapi import openapi_document
 from maskserve.routes import ROUTE_ROLES
 from maskserve.schemas import request_schema
@@ -172,7 +172,7 @@ async def test_document_carries_the_servers_own_limits_and_request_schema(make_c
     document = await response.json()
     request = document["components"]["schemas"]["FillMaskRequest"]
     # The very schema the parser validates with.
-    assert request == request_schema(client.app[PARSER_KEY].limits)
+    assert request == request_schema(client.app[SERVICE_KEY].settings)
     assert request["properties"]["inputs"]["oneOf"][1]["maxItems"] == 7
     assert request["properties"]["parameters"]["properties"]["top_k"]["maximum"] == 9
     assert request["properties"]["parameters"]["properties"]["targets"]["oneOf"][2]["maxItems"] == 3
@@ -201,7 +201,7 @@ async def test_every_documented_response_is_produced_and_matches_the_document(
     await docs.check(await client.post(INFER, json=infer_body(paris), headers={"X-Request-Timeout": "0.2"}), 504)
     # A full queue refuses at the door; a pass held past the stall budget fails the probes. (The
     # timed-out requests' slots are freed when the queue reaches its bound: two live ones fill it.)
-    batcher = client.app[BATCHER_KEY]
+    batcher = client.app[SERVICE_KEY].batcher
     queued = [asyncio.create_task(client.post("/", data="a [MASK] b.")) for _ in range(2)]
     for _ in range(500):  # the three timed-out texts discarded, both new ones queued
         if batcher.drops.expired == 3 and batcher.depth == 2:

@@ -12,7 +12,7 @@ import time
 
 import aiohttp
 
-from maskserve.keys import BATCHER_KEY
+from maskserve.keys import SERVICE_KEY
 
 from .conftest import ClientFactory
 from .fakes import ControlledModel, wait_for_depth
@@ -26,7 +26,7 @@ async def test_shutdown_finishes_accepted_requests_and_refuses_new_ones(make_cli
     busy = asyncio.create_task(client.post("/", data="a [MASK]"))
     await asyncio.to_thread(model.entered.wait, 5)
     queued = [asyncio.create_task(client.post("/", data=f"q{n} [MASK]")) for n in range(3)]
-    await wait_for_depth(client.app[BATCHER_KEY], 3)
+    await wait_for_depth(client.app[SERVICE_KEY].batcher, 3)
     shutdown = asyncio.create_task(client.app.shutdown())  # what SIGTERM runs first
     await asyncio.sleep(0.05)
     refused = await client.post("/", data="new [MASK]")
@@ -45,7 +45,7 @@ async def test_drain_budget_spent_answers_the_rest_503(make_client: ClientFactor
     busy = asyncio.create_task(client.post("/", data="a [MASK]"))
     await asyncio.to_thread(model.entered.wait, 5)
     queued = [asyncio.create_task(client.post("/", data=f"q{n} [MASK]")) for n in range(3)]
-    await wait_for_depth(client.app[BATCHER_KEY], 3)
+    await wait_for_depth(client.app[SERVICE_KEY].batcher, 3)
     await client.app.shutdown()
     statuses = [r.status for r in await asyncio.gather(*queued)]
     assert statuses == [503] * 3

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 
 from .batcher import ONE_TEXT, Batcher
-from .keys import BATCHER_KEY, LIFECYCLE_KEY, SETTINGS_KEY
+from .keys import service_of
 from .lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)
@@ -51,11 +51,12 @@ def agent_context(port: int) -> Callable[[web.Application], contextlib.AbstractA
 
     @contextlib.asynccontextmanager
     async def context(app: web.Application) -> AsyncIterator[None]:
-        settings = app[SETTINGS_KEY]
+        service = service_of(app)
+        settings = service.settings
 
         async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
-                line = agent_line(app[BATCHER_KEY], app[LIFECYCLE_KEY], settings.request_timeout)
+                line = agent_line(service.batcher, service.lifecycle, settings.request_timeout)
                 writer.write(line.encode("ascii"))
                 await writer.drain()
             except ConnectionError:

@@ -12,32 +12,17 @@ import aiohttp_jinja2
 import jinja2
 from aiohttp import web
 
+from .admission import Admission
 from .agent import agent_context
-from .batcher import Batcher, BatchLimits
-from .breaker import CircuitBreaker
+from .batcher import Batcher
 from .errors import ShuttingDown
-from .keys import (
-    BATCH_LOOP_KEY,
-    BATCHER_KEY,
-    BREAKER_KEY,
-    LIFECYCLE_KEY,
-    METRICS_KEY,
-    MIDDLEWARE_CHAIN_KEY,
-    MODEL_KEY,
-    OIP_PARSER_KEY,
-    PARSER_KEY,
-    SETTINGS_KEY,
-    TOKENIZER_KEY,
-)
-from .lifecycle import Lifecycle
-from .metrics import Metrics
+from .keys import SERVICE_KEY
 from .middleware import chain
 from .middleware.chain import Spec, build_chain
 from .model_api import FillMaskModel
-from .oip_schemas import InferRequestParser
 from .page import security_headers
 from .routes import setup_routes
-from .schemas import Limits, RequestParser
+from .service import FillMaskService, Loaded
 from .settings import Settings, SettingsCheck
 
 log = logging.getLogger(__name__)
@@ -76,37 +61,13 @@ def load_model(settings: Settings) -> FillMaskModel:
     )
 
 
-def batch_limits(settings: Settings) -> BatchLimits:
-    return BatchLimits(
-        max_batch_size=settings.max_batch_size,
-        max_batch_tokens=settings.max_batch_tokens,
-        max_batch_delay=settings.max_batch_delay,
-        max_queue=settings.max_queue,
-        max_text_predictions=min(settings.max_masks_per_text * settings.max_top_k, settings.max_predictions),
-    )
-
-
-def request_limits(settings: Settings) -> Limits:
-    return Limits(
-        max_text_chars=settings.max_text_chars,
-        max_inputs=settings.max_inputs,
-        max_top_k=settings.max_top_k,
-        max_targets=settings.max_targets,
-        default_top_k=settings.default_top_k,
-        max_masks_per_text=settings.max_masks_per_text,
-        max_predictions=settings.max_predictions,
-        max_response_bytes=settings.max_response_bytes,
-    )
-
-
 def inference_thread() -> ThreadPoolExecutor:
     """The one inference thread: the model never runs two batches at once, and torch's own
     intra-op threads (sized to the cores we have) do the parallel work.
 
     Load the model on it too (``submit(load_model, settings)``): torch keeps thread-local state
-    (its OpenMP team, the thread counts it set), and bert-base loaded on the main thread and then
-    run on this one took 120-230 ms a text, against 87-105 ms when loaded and run here (alternating
-    runs on 2 cores; maskserve ran the first way until this was measured).
+    (its OpenMP team, the thread counts it set), and a model loaded on one thread and run on
+    another runs measurably slower per text (``benchmarks/profile_request.py`` shows it).
     """
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="maskserve-inference")
 
@@ -118,11 +79,12 @@ def inference_context(
 
     @contextlib.asynccontextmanager
     async def context(app: web.Application) -> AsyncIterator[None]:
-        settings = app[SETTINGS_KEY]
+        service = app[SERVICE_KEY]
+        settings = service.settings
         executor = thread or inference_thread()
         loop = asyncio.get_running_loop()
         loaded = model if model is not None else await loop.run_in_executor(executor, load_model, settings)
-        batcher = Batcher(loaded, executor, batch_limits(settings))
+        batcher = Batcher(loaded, executor, settings)
         if settings.warmup:
             # Before the port opens and before the metrics look: its passes are no one's requests.
             seconds = await batcher.warm_up(settings.max_top_k)
@@ -135,13 +97,10 @@ def inference_context(
             )
         # One thread, so that tokenizing long texts takes at most one core from the model.
         tokenizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="maskserve-tokenizer")
-        app[TOKENIZER_KEY] = tokenizer
-        app[MODEL_KEY] = loaded
-        app[BATCHER_KEY] = batcher
-        app[BREAKER_KEY] = CircuitBreaker(batcher)
-        app[METRICS_KEY].attach(batcher, app[BREAKER_KEY], settings.model_name)
+        admission = Admission(batcher)
+        service.metrics.attach(batcher, admission, settings.model_name)
         task = asyncio.create_task(batcher.run(), name="maskserve-batch-loop")
-        app[BATCH_LOOP_KEY] = task
+        service.loaded = Loaded(loaded, batcher, admission, tokenizer, task)
         try:
             yield
         finally:
@@ -164,7 +123,7 @@ async def close_connections_while_draining(request: web.Request, response: web.S
     The next request of a keep-alive client then opens a new connection, which the load balancer
     sends elsewhere, instead of racing the listener's close on this one.
     """
-    if request.app[LIFECYCLE_KEY].draining:
+    if request.app[SERVICE_KEY].lifecycle.draining:
         response.force_close()
         # aiohttp has already written its keep-alive decision into the headers by now.
         response.headers["Connection"] = "close"
@@ -173,10 +132,11 @@ async def close_connections_while_draining(request: web.Request, response: web.S
 async def drain_on_shutdown(app: web.Application) -> None:
     """The listener has closed (after the drain delay): refuse new work, finish what was accepted
     within the drain budget."""
-    app[LIFECYCLE_KEY].start_draining()  # for an app stopped without the runner's signals
-    batcher = app[BATCHER_KEY]
+    service = app[SERVICE_KEY]
+    service.lifecycle.start_draining()  # for an app stopped without the runner's signals
+    batcher = service.batcher
     batcher.close()
-    settings = app[SETTINGS_KEY]
+    settings = service.settings
     log.info(
         "shutting down: draining %d queued texts%s (budget %.1fs)",
         batcher.depth,
@@ -205,12 +165,7 @@ def create_app(
     """
     chain = build_chain(settings.middleware if middlewares is None else middlewares, settings)
     app = web.Application(middlewares=list(chain.middlewares), client_max_size=settings.max_body_bytes)
-    app[SETTINGS_KEY] = settings
-    app[MIDDLEWARE_CHAIN_KEY] = chain.names
-    app[PARSER_KEY] = RequestParser(request_limits(settings))
-    app[OIP_PARSER_KEY] = InferRequestParser(request_limits(settings))
-    app[METRICS_KEY] = Metrics()
-    app[LIFECYCLE_KEY] = Lifecycle()
+    app[SERVICE_KEY] = FillMaskService(settings, chain.names)
     # Stages that own resources for the app's life register them first, so that they are set up
     # before the model's lifecycle and torn down after it (see middleware/chain.py).
     for middleware in chain.middlewares:

@@ -26,21 +26,9 @@ from dataclasses import dataclass
 from .errors import DeadlineExceeded, InferenceFailed, Overloaded, ShuttingDown
 from .model_api import FillMaskModel, Progress, Query, TextPredictions, text_answer_json
 from .packing import choose_batch
+from .settings import Settings
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class BatchLimits:
-    """How large and how late a batch may be (see the settings of the same names)."""
-
-    max_batch_size: int = 32
-    max_batch_tokens: int = 8192
-    max_batch_delay: float = 0.0
-    max_queue: int = 256
-    # The most predictions one text may ask for (masks per text x top_k, within the predictions
-    # per request): with the token budget, it bounds the longest batch the limits admit.
-    max_text_predictions: int = 800
 
 
 @dataclass(frozen=True)
@@ -332,10 +320,11 @@ STALL_OBSERVED_MULTIPLE = 2.0
 class Batcher:
     """Owns the queue and the batch loop; start :meth:`run` as one task."""
 
-    def __init__(self, model: FillMaskModel, executor: Executor, limits: BatchLimits) -> None:
+    def __init__(self, model: FillMaskModel, executor: Executor, settings: Settings) -> None:
         self.model = model
         self.executor = executor
-        self.limits = limits
+        # The batch and queue limits are the settings' own (max_batch_size, max_queue, ...).
+        self.limits = settings
         self.cost = CostModel()
         self.drops = DropCounts()
         self.listeners: list[Callable[[BatchReport], None]] = [self.cost.observe]

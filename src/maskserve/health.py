@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from .batcher import ONE_TEXT, Batcher
-from .keys import BATCH_LOOP_KEY, BATCHER_KEY, ERROR_KIND_KEY, LIFECYCLE_KEY, SETTINGS_KEY
+from .keys import service_of, state_of
 from .lifecycle import Lifecycle
+from .service import FillMaskService
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def readiness(batcher: Batcher | None, live: Health, lifecycle: Lifecycle | None
 def probe_response(request: web.Request, health: Health, failed_kind: str, failed_status: int = 503) -> web.Response:
     """The probe's answer: 200, or ``failed_status`` with the problems; never cached."""
     if not health.ok:
-        request[ERROR_KIND_KEY] = failed_kind  # for the access log and the request counter
+        state_of(request).kind = failed_kind  # for the access log and the request counter
     return web.json_response(
         health.body(),
         status=200 if health.ok else failed_status,
@@ -123,21 +124,25 @@ def probe_response(request: web.Request, health: Health, failed_kind: str, faile
     )
 
 
-def live(app: web.Application) -> Health:
-    """The app's liveness now."""
-    return liveness(app.get(BATCHER_KEY), app.get(BATCH_LOOP_KEY), app[SETTINGS_KEY].stall_timeout)
+def live(service: FillMaskService) -> Health:
+    """The service's liveness now."""
+    loaded = service.loaded
+    if loaded is None:
+        return liveness(None, None, service.settings.stall_timeout)
+    return liveness(loaded.batcher, loaded.batch_loop, service.settings.stall_timeout)
 
 
-def ready(app: web.Application) -> Health:
-    """The app's readiness now (liveness problems included)."""
-    return readiness(app.get(BATCHER_KEY), live(app), app[LIFECYCLE_KEY])
+def ready(service: FillMaskService) -> Health:
+    """The service's readiness now (liveness problems included)."""
+    loaded = service.loaded
+    return readiness(loaded.batcher if loaded is not None else None, live(service), service.lifecycle)
 
 
 async def livez(request: web.Request) -> web.Response:
     """``GET /livez``: 200 while the inference thread makes progress, else 503 saying why."""
-    return probe_response(request, live(request.app), "not_live")
+    return probe_response(request, live(service_of(request.app)), "not_live")
 
 
 async def readyz(request: web.Request) -> web.Response:
     """``GET /readyz``: 200 while this server can serve (loaded, not draining, not stuck), else 503 saying why."""
-    return probe_response(request, ready(request.app), "not_ready")
+    return probe_response(request, ready(service_of(request.app)), "not_ready")

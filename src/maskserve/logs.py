@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
-from .keys import ERROR_KIND_KEY, REQUEST_ID_KEY, TRACE_ID_KEY
+from .keys import state_of
 
 # Every character that could end a log line or hide part of one: C0 and C1 controls, DEL, and
 # Unicode's own line and paragraph separators. A client's path, header or id may hold any of them
@@ -66,8 +66,9 @@ class AccessLogger(AbstractAccessLogger):
     ``trace_id=...`` when the request was traced (the tracing stage is on)."""
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
-        request_id = request.get(REQUEST_ID_KEY, "-")
-        kind = request.get(ERROR_KIND_KEY, "ok" if response.status < 400 else "-")
+        state = state_of(request)
+        request_id = state.id
+        kind = state.kind or ("ok" if response.status < 400 else "-")
         latency_ms = round(time * 1000, 2)
         # Escaped here too, not only by the formatter: the fields also reach any handler an
         # embedding application installs, as structured extras.
@@ -82,7 +83,7 @@ class AccessLogger(AbstractAccessLogger):
         }
         line = "%s %s %s %d %s %.2fms"
         args: list[Any] = [request_id, request.method, path, response.status, kind, latency_ms]
-        trace_id = request.get(TRACE_ID_KEY)
+        trace_id = state.trace_id
         if trace_id is not None:
             extra["trace_id"] = trace_id
             line += " trace_id=%s"

@@ -5,7 +5,7 @@
     GET  /v2/health/ready             200 while /readyz would be; 400 otherwise
     GET  /v2/models/{model}           model metadata: a BYTES input "text", a BYTES output "predictions"
     GET  /v2/models/{model}/ready     as /v2/health/ready, for the one model served
-    POST /v2/models/{model}/infer     fill-mask through the same parser, breaker, batcher and errors
+    POST /v2/models/{model}/infer     fill-mask through the same parser, admission, batcher and errors
 
 ``{model}`` is ``--model-name``; any other name is a 404. Errors keep maskserve's one shape, whose
 ``error`` string is what the protocol's clients read. The tensors' form is in oip_schemas.py.
@@ -18,13 +18,12 @@ from typing import Any
 from aiohttp import web
 
 from . import __version__
-from .deadlines import request_deadline
 from .errors import NotFound
+from .handling import answer, timing_headers
 from .health import live, probe_response, ready
-from .keys import MODEL_KEY, OIP_PARSER_KEY, SETTINGS_KEY
+from .keys import service_of, state_of
 from .model_api import describe_model
 from .oip_schemas import DATATYPE, HEADER_LENGTH, INPUT_NAME, OUTPUT_NAME, infer_response
-from .views import answer, request_trace, timing_headers, to_queries
 
 # The protocol says a failed health check is a 4xx; Triton answers 400, and so does maskserve.
 NOT_HEALTHY = 400
@@ -34,7 +33,7 @@ PLATFORMS = {"onnxruntime": "onnxruntime_onnx"}
 
 def _served_model(request: web.Request) -> str:
     """The model the path names, when it is the one served; a 404 naming the right one otherwise."""
-    name = request.app[SETTINGS_KEY].model_name
+    name = service_of(request.app).settings.model_name
     if request.match_info["model"] != name:
         raise NotFound(f"no model named {request.match_info['model']!r} here; this server serves {name!r}")
     return name
@@ -47,11 +46,11 @@ async def server_metadata(request: web.Request) -> web.Response:
 
 
 async def server_live(request: web.Request) -> web.Response:
-    return probe_response(request, live(request.app), "not_live", failed_status=NOT_HEALTHY)
+    return probe_response(request, live(service_of(request.app)), "not_live", failed_status=NOT_HEALTHY)
 
 
 async def server_ready(request: web.Request) -> web.Response:
-    return probe_response(request, ready(request.app), "not_ready", failed_status=NOT_HEALTHY)
+    return probe_response(request, ready(service_of(request.app)), "not_ready", failed_status=NOT_HEALTHY)
 
 
 async def model_ready(request: web.Request) -> web.Response:
@@ -62,7 +61,8 @@ async def model_ready(request: web.Request) -> web.Response:
 async def model_metadata(request: web.Request) -> web.Response:
     """``GET /v2/models/{model}``: the model's tensors: texts in, predictions (JSON) out."""
     name = _served_model(request)
-    model = request.app.get(MODEL_KEY)
+    loaded = service_of(request.app).loaded
+    model = loaded.model if loaded is not None else None
     description = describe_model(model) if model is not None else {}
     backend = str(description.get("backend", "torch"))
     metadata: dict[str, Any] = {
@@ -80,11 +80,11 @@ async def model_metadata(request: web.Request) -> web.Response:
 async def infer(request: web.Request) -> web.Response:
     """``POST /v2/models/{model}/infer``: texts in, each text's predictions out, as ``POST /`` would."""
     name = _served_model(request)
-    deadline = request_deadline(request)
-    with request_trace(request).step("maskserve.parse"):
+    service = service_of(request.app)
+    with state_of(request).trace.step("maskserve.parse"):
         body = await request.read()
-        parsed = request.app[OIP_PARSER_KEY].parse(body, request.headers.get(HEADER_LENGTH))
-        queries = await to_queries(request, parsed.request)
-    answers = await answer(request, queries, deadline)
+        parsed = service.oip_parser.parse(body, request.headers.get(HEADER_LENGTH))
+        queries = await service.queries(parsed.request)
+    answers = await answer(request, queries)
     payload, headers = infer_response(name, parsed, [a.json for a in answers])
     return web.Response(body=payload, headers={**headers, **timing_headers(answers)})

@@ -15,10 +15,11 @@ from aiohttp import web
 from . import __version__
 from .deadlines import TIMEOUT_HEADER
 from .errors import MaskserveError
-from .keys import MODEL_KEY, ROUTE_ROLES_KEY, SETTINGS_KEY, RouteRoles
+from .keys import service_of
 from .middleware.errors import REQUEST_ID_HEADER
 from .oip_schemas import DATATYPE, HEADER_LENGTH, INPUT_NAME, OUTPUT_NAME, infer_request_schema
-from .schemas import Limits, request_schema
+from .schemas import request_schema
+from .service import RouteRoles
 from .settings import Settings
 
 OPENAPI_VERSION = "3.1.0"
@@ -66,7 +67,7 @@ def error_kinds() -> list[str]:
     return sorted(kinds)
 
 
-def _schemas(limits: Limits) -> dict[str, Schema]:
+def _schemas(limits: Settings) -> dict[str, Schema]:
     prediction = {
         "type": "object",
         "required": ["score", "token", "token_str", "sequence"],
@@ -258,7 +259,7 @@ def _timing_headers() -> dict[str, Schema]:
     }
 
 
-def _fill_mask(settings: Settings, limits: Limits, mask_token: str) -> Schema:
+def _fill_mask(settings: Settings, limits: Settings, mask_token: str) -> Schema:
     example = f"Paris is the {mask_token} of France."
     raw_text = {"schema": {"type": "string", "minLength": 1, "maxLength": settings.max_text_chars}, "example": example}
     return {
@@ -343,7 +344,7 @@ def _oip_probe(summary: str, *, per_model: bool = False) -> Schema:
     return probe
 
 
-def _oip_infer(settings: Settings, limits: Limits, mask_token: str) -> Schema:
+def _oip_infer(settings: Settings, limits: Settings, mask_token: str) -> Schema:
     example = f"Paris is the {mask_token} of France."
     return {
         "summary": "Open Inference Protocol inference: texts in, each text's predictions out",
@@ -352,7 +353,7 @@ def _oip_infer(settings: Settings, limits: Limits, mask_token: str) -> Schema:
             f'"{OUTPUT_NAME}" of the same shape, each element the JSON `POST /` answers for that text. '
             "`top_k` and `targets` (comma-separated, or a list) are request parameters. Tensors in JSON, or "
             f"in Triton's binary tensor data extension ({HEADER_LENGTH}; the answer follows the request's "
-            "binary_data / binary_data_output). Same limits, breaker, deadline and errors as `POST /`."
+            "binary_data / binary_data_output). Same limits, admission, deadline and errors as `POST /`."
         ),
         "tags": ["open inference protocol"],
         "parameters": [MODEL_PARAMETER],
@@ -388,7 +389,7 @@ def _oip_infer(settings: Settings, limits: Limits, mask_token: str) -> Schema:
     }
 
 
-def _oip_paths(settings: Settings, limits: Limits, mask_token: str) -> dict[str, Schema]:
+def _oip_paths(settings: Settings, limits: Settings, mask_token: str) -> dict[str, Schema]:
     not_found = {"404": _error("No model of that name is served.")}
     return {
         "/v2": {
@@ -446,13 +447,7 @@ def _demo(settings: Settings) -> Schema:
 
 def openapi_document(settings: Settings, roles: RouteRoles, mask_token: str = "[MASK]") -> dict[str, Any]:
     """The OpenAPI 3.1 document of this server, with ``settings``' limits."""
-    limits = Limits(
-        max_text_chars=settings.max_text_chars,
-        max_inputs=settings.max_inputs,
-        max_top_k=settings.max_top_k,
-        max_targets=settings.max_targets,
-        default_top_k=settings.default_top_k,
-    )
+    limits = settings  # the request limits are the settings' own
     not_found = {"404": _error("No such path.")}
     document: dict[str, Any] = {
         "openapi": OPENAPI_VERSION,
@@ -566,9 +561,6 @@ def openapi_document(settings: Settings, roles: RouteRoles, mask_token: str = "[
 
 async def openapi(request: web.Request) -> web.Response:
     """``GET /openapi.json``: the document, with this server's limits and its model's mask token."""
-    app = request.app
-    model = app.get(MODEL_KEY)
-    document = openapi_document(
-        app[SETTINGS_KEY], app[ROUTE_ROLES_KEY], model.mask_token if model is not None else "[MASK]"
-    )
-    return web.json_response(document)
+    service = service_of(request.app)
+    mask_token = service.loaded.model.mask_token if service.loaded is not None else "[MASK]"
+    return web.json_response(openapi_document(service.settings, service.routes, mask_token))

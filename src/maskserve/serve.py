@@ -22,7 +22,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from .keys import LIFECYCLE_KEY, MODEL_KEY, SETTINGS_KEY
+from .keys import service_of
 from .logs import AccessLogger
 
 log = logging.getLogger("maskserve")
@@ -40,7 +40,8 @@ class StopSignals:
 
     def received(self, signum: int) -> None:
         name = signal.Signals(signum).name
-        lifecycle, settings = self.app[LIFECYCLE_KEY], self.app[SETTINGS_KEY]
+        service = service_of(self.app)
+        lifecycle, settings = service.lifecycle, service.settings
         if not lifecycle.start_draining():
             if not self.stop.is_set():
                 log.info("%s again: cutting the drain delay short", name)
@@ -70,7 +71,7 @@ class StopSignals:
 
 
 def make_runner(app: web.Application) -> web.AppRunner:
-    settings = app[SETTINGS_KEY]
+    settings = service_of(app).settings
     return web.AppRunner(
         app,
         handle_signals=False,  # StopSignals handles them: aiohttp's own would stop listening at once
@@ -91,7 +92,7 @@ async def serve(
     Listens on the settings' host and port, or on ``sockets`` already bound (a process manager's),
     and on ``private_socket``, a Unix socket for the server's own processes (workers.py).
     """
-    settings = app[SETTINGS_KEY]
+    settings = service_of(app).settings
     runner = make_runner(app)
     await runner.setup()
     # The libraries and the model are now loaded: some 380,000 objects that live as long as the
@@ -114,8 +115,8 @@ async def serve(
         for site in sites:
             await site.start()
         signals.install()
-        model = app.get(MODEL_KEY)
-        log.info("serving %s on %s", model.name if model else "", ", ".join(site.name for site in sites))
+        loaded = service_of(app).loaded
+        log.info("serving %s on %s", loaded.model.name if loaded else "", ", ".join(site.name for site in sites))
         await signals.stop.wait()
         log.info("closing the listener")
     finally:

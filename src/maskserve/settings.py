@@ -349,6 +349,19 @@ class Settings:
         "browser, or * for any. Empty = CORS off.",
     )
 
+    @property
+    def max_text_predictions(self) -> int:
+        """The most predictions one text may ask for: its masks x top_k, within a request's limit."""
+        return min(self.max_masks_per_text * self.max_top_k, self.max_predictions)
+
+    @property
+    def max_json_depth(self) -> int:
+        """How deeply a JSON body may nest. A valid body nests three levels ({"parameters":
+        {"targets": [...]}}); the slack is for "options". Checked before schema validation, whose
+        error messages repr the instance recursively: a body nested near Python's recursion limit
+        would otherwise end in a 500. Not a setting: no valid request comes near it."""
+        return 32
+
     def resolved_torch_threads(self) -> int:
         """The most torch threads a forward pass may use: ``--torch-threads``, or this process's
         share of the usable CPUs (all of them with one worker)."""

@@ -42,7 +42,7 @@ from gunicorn.errors import HaltServer
 from gunicorn.workers.base import Worker
 
 from .app import create_app, inference_thread, load_model
-from .keys import METRICS_PEERS_KEY
+from .keys import service_of
 from .middleware.auth import parse_api_keys
 from .model_api import FillMaskModel
 from .serve import serve
@@ -138,7 +138,7 @@ class MaskserveWorker(Worker):  # type: ignore[misc]
         settings: Settings = self.app.settings
         app = create_app(settings, engine=self.model, thread=self.thread)
         slot: int = self.slot
-        app[METRICS_PEERS_KEY] = WorkerPeers(self.app.run_dir, slot, settings.api_key)
+        service_of(app).peers = WorkerPeers(self.app.run_dir, slot, settings.api_key)
         private = WorkerPeers.socket_path(self.app.run_dir, slot)
         private.unlink(missing_ok=True)  # a dead predecessor's
         heartbeat = asyncio.create_task(self._heartbeat(app))

@@ -15,7 +15,7 @@ from aiohttp.typedefs import Handler, Middleware
 from maskserve.app import SETTINGS_CHECKS, create_app
 from maskserve.engine import FillMaskEngine
 from maskserve.errors import INTERNAL_MESSAGE, MaskserveError
-from maskserve.keys import BATCHER_KEY, REQUEST_ID_KEY
+from maskserve.keys import SERVICE_KEY, state_of
 from maskserve.middleware.chain import BUILTIN_STAGES, ENTRY_POINT_GROUP, MiddlewareError, build_chain, resolve
 from maskserve.settings import Settings, SettingsError, load_settings
 
@@ -48,7 +48,7 @@ class Recorder:
         @web.middleware
         async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
             # Inside the error sanitizer, the request id is already assigned.
-            EVENTS.append(f"{label} in" + (" with id" if REQUEST_ID_KEY in request else ""))
+            EVENTS.append(f"{label} in" + (" with id" if state_of(request).id != "-" else ""))
             try:
                 response = await handler(request)
             except MaskserveError as exc:
@@ -227,7 +227,7 @@ async def test_stages_sit_after_auth_and_around_the_breaker_as_declared(make_cli
     assert (await client.post("/", data=PARIS)).status == 401
     assert EVENTS == []
     # A refusal at the door: the stage before the breaker sees it raised; the one after never runs.
-    client.app[BATCHER_KEY].close()
+    client.app[SERVICE_KEY].batcher.close()
     await error_of(await client.post("/", data=PARIS, headers=auth), 503, "shutting_down")
     assert EVENTS == ["reads_nothing in with id", "reads_nothing raised shutting_down"]
     info = await (await client.get("/info", headers=auth)).json()

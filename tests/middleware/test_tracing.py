@@ -22,7 +22,7 @@ from opentelemetry.trace import SpanKind
 
 import maskserve.tracing
 from maskserve.app import SETTINGS_CHECKS, create_app
-from maskserve.keys import BATCHER_KEY
+from maskserve.keys import SERVICE_KEY
 from maskserve.logs import AccessLogger
 from maskserve.middleware.chain import check_tracing
 from maskserve.middleware.tracing import TRACING_KEY
@@ -103,7 +103,7 @@ async def test_one_batch_span_for_a_forward_pass_linked_to_every_request_it_serv
     first = asyncio.create_task(client.post("/", data="first [MASK]"))
     await wait_until_entered(model)
     together = [asyncio.create_task(client.post("/", data=f"t{n} [MASK] word")) for n in range(3)]
-    await wait_for_depth(client.app[BATCHER_KEY], 3)
+    await wait_for_depth(client.app[SERVICE_KEY].batcher, 3)
     model.release()
     assert [r.status for r in await asyncio.gather(first, *together)] == [200] * 4
     spans = finished(client, exporter)
@@ -138,7 +138,7 @@ async def test_a_refused_request_carries_the_reason_on_its_span(
     await wait_until_entered(model)
     late = asyncio.create_task(client.post("/", data=PARIS, headers={"X-Request-Timeout": "0.3"}))
     queued = asyncio.create_task(client.post("/", data=PARIS))
-    await wait_for_depth(client.app[BATCHER_KEY], 2)
+    await wait_for_depth(client.app[SERVICE_KEY].batcher, 2)
     refused = await client.post("/", data=PARIS)  # the queue is full
     assert (refused.status, (await late).status) == (503, 504)  # and the queued one ran out of time
     model.release()

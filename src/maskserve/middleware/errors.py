@@ -33,7 +33,8 @@ from ..errors import (
     PayloadTooLarge,
     UnsupportedMediaType,
 )
-from ..keys import ERROR_KEY, ERROR_KIND_KEY, REQUEST_ID_KEY
+from ..handling import note_error
+from ..keys import state_of
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ def _from_http_exception(exc: web.HTTPException) -> MaskserveError:
 def assign_request_id(request: web.Request) -> str:
     given = request.headers.get(REQUEST_ID_HEADER, "")
     request_id = given if _SAFE_REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
-    request[REQUEST_ID_KEY] = request_id
+    state_of(request).id = request_id
     return request_id
 
 
@@ -104,8 +105,5 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         else:
             response.headers[REQUEST_ID_HEADER] = request_id
             return response
-    if error.status >= 500 and not isinstance(error, InternalError):
-        log.warning("%s: %s [request_id=%s]", error.kind, error.message, request_id)
-    request[ERROR_KIND_KEY] = error.kind
-    request[ERROR_KEY] = error
+    note_error(request, error)
     return error_response(error, request_id)

@@ -1,4 +1,4 @@
-"""The breaker's decisions, driven without HTTP."""
+"""Admission's decisions, driven without HTTP; and the wait it advertises, against the real one."""
 
 from __future__ import annotations
 
@@ -7,17 +7,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from maskserve.batcher import Batcher, BatchLimits, BatchReport
-from maskserve.breaker import CircuitBreaker
+from maskserve.admission import Admission
+from maskserve.batcher import Batcher, BatchReport
 from maskserve.errors import DeadlineExceeded, Overloaded, ShuttingDown
 from maskserve.model_api import Query
+from maskserve.settings import Settings
 
 from .conftest import ClientFactory
 from .fakes import Costs, EchoModel
 
 
 def make_batcher(**limits: int) -> Batcher:
-    return Batcher(EchoModel(), ThreadPoolExecutor(max_workers=1), BatchLimits(**limits))
+    return Batcher(EchoModel(), ThreadPoolExecutor(max_workers=1), Settings(**limits))
 
 
 def fill(batcher: Batcher, texts: int, tokens: int = 10) -> None:
@@ -27,56 +28,56 @@ def fill(batcher: Batcher, texts: int, tokens: int = 10) -> None:
 
 
 async def test_admits_when_the_queue_has_room_and_time_suffices() -> None:
-    breaker = CircuitBreaker(make_batcher(max_queue=4))
-    breaker.check(time_left=1.0)
-    assert not breaker.refused
+    admission = Admission(make_batcher(max_queue=4))
+    admission.at_door(time_left=1.0)
+    assert not admission.refused
 
 
 async def test_full_queue_is_refused_with_a_computed_retry_after() -> None:
     batcher = make_batcher(max_queue=40, max_batch_size=4)
     batcher.cost.observe(BatchReport(size=4, real_tokens=40, padded_tokens=40, seconds=0.5, failed=0))
     fill(batcher, 40)
-    breaker = CircuitBreaker(batcher)
+    admission = Admission(batcher)
     with pytest.raises(Overloaded) as refused:
-        breaker.check(time_left=1000.0)
+        admission.at_door(time_left=1000.0)
     # 40 texts in batches of 4 at 0.5 s a batch of 40 tokens: about 5 s of work ahead.
     assert 4.0 <= refused.value.retry_after <= 6.0
     assert refused.value.headers()["Retry-After"] in {"4", "5", "6"}
-    assert breaker.refused["queue_full"] == 1
+    assert admission.refused["queue_full"] == 1
 
 
 async def test_predicted_wait_beyond_the_deadline_is_refused_at_the_door() -> None:
     batcher = make_batcher(max_queue=100, max_batch_size=4)
     batcher.cost.observe(BatchReport(size=4, real_tokens=40, padded_tokens=40, seconds=0.5, failed=0))
     fill(batcher, 20)
-    breaker = CircuitBreaker(batcher)
-    breaker.check(time_left=30.0)  # ~3 s of work ahead: fine with 30 s
+    admission = Admission(batcher)
+    admission.at_door(time_left=30.0)  # ~3 s of work ahead: fine with 30 s
     with pytest.raises(Overloaded) as refused:
-        breaker.check(time_left=1.0)
+        admission.at_door(time_left=1.0)
     assert "deadline" in refused.value.message
-    assert breaker.refused["predicted_timeout"] == 1
+    assert admission.refused["predicted_timeout"] == 1
 
 
 async def test_unmeasured_cost_never_refuses_on_a_guess() -> None:
     batcher = make_batcher(max_queue=100)
     fill(batcher, 50)
-    CircuitBreaker(batcher).check(time_left=0.001)
+    Admission(batcher).at_door(time_left=0.001)
 
 
 async def test_closed_batcher_is_refused_as_shutting_down() -> None:
     batcher = make_batcher()
     batcher.close()
-    breaker = CircuitBreaker(batcher)
+    admission = Admission(batcher)
     with pytest.raises(ShuttingDown):
-        breaker.check(time_left=10.0)
-    assert breaker.refused["shutting_down"] == 1
+        admission.at_door(time_left=10.0)
+    assert admission.refused["shutting_down"] == 1
 
 
 async def test_request_already_past_its_deadline_at_the_door_answers_504_not_503() -> None:
-    breaker = CircuitBreaker(make_batcher())
+    admission = Admission(make_batcher())
     with pytest.raises(DeadlineExceeded):
-        breaker.check(time_left=-0.0)
-    assert not breaker.refused
+        admission.at_door(time_left=-0.0)
+    assert not admission.refused
 
 
 async def test_the_advertised_wait_stays_within_twice_the_real_one_on_a_mixed_flood(

@@ -1,8 +1,16 @@
-"""The circuit breaker's state: whether a request may come in now. Plain class, no HTTP.
+"""Admission: whether a request may come in now, decided once for every route that queues work.
 
-Refusing at the door is cheap and honest: the client learns at once that it must come back, with
-a ``Retry-After`` computed from the work ahead, instead of waiting for a 504 that also cost the
-server a forward pass (FIELD.md §3 items 1-3).
+Plain class, no HTTP. It is load shedding, not a circuit breaker's open and closed states: each
+request is weighed against the queue's bound and the wait the measured cost predicts, twice.
+
+- **At the door**, before the body is read (the circuit-breaking stage, and the demo page's form):
+  refused at once when the server drains, the queue is full, or the wait ahead already exceeds the
+  request's deadline. Refusing there is cheap and honest: the client learns at once that it must
+  come back, with a ``Retry-After`` computed from the work ahead, instead of waiting for a 504
+  that also cost the server a forward pass.
+- **Once parsed**, on the request's whole cost (its forward passes and the post-processing of its
+  predictions): one that could never finish in time is refused for what it is (422 or 504), one
+  that could but not behind the work queued now is told when to come back (503).
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ from .batcher import ONE_TEXT, Batcher, Work
 from .errors import DeadlineExceeded, Overloaded, RequestTooCostly, ServiceUnavailable, ShuttingDown
 
 
-class CircuitBreaker:
+class Admission:
     """Decides admission from the batcher's queue and measured cost; counts what it refuses."""
 
     def __init__(self, batcher: Batcher) -> None:
@@ -21,16 +29,13 @@ class CircuitBreaker:
         # Refusals by reason: queue_full, predicted_timeout, shutting_down.
         self.refused: Counter[str] = Counter()
 
-    def check(self, time_left: float) -> None:
+    def at_door(self, time_left: float) -> None:
         """Raise 503 if a request with ``time_left`` seconds should not come in now (504 if already late)."""
         if time_left <= 0:
             # Already late at the door (a tiny X-Request-Timeout): retrying cannot help, so this
             # is the request's own timeout, not a 503 with Retry-After.
             raise DeadlineExceeded("the request's deadline passed before it could be queued")
-        refusal = self._refusal(time_left)
-        if refusal is not None:
-            self.refused[refusal.reason] += 1
-            raise refusal
+        self._refuse_if_shed(time_left, ONE_TEXT)
 
     def admit(self, work: Work, time_left: float, request_timeout: float) -> None:
         """Raise unless a parsed request of ``work`` may be queued now, with ``time_left`` seconds.
@@ -50,12 +55,15 @@ class CircuitBreaker:
                     "or ask for fewer predictions"
                 )
             raise DeadlineExceeded(f"this request would take about {own:.1f}s, more than its deadline allows")
+        self._refuse_if_shed(time_left, work)
+
+    def _refuse_if_shed(self, time_left: float, work: Work) -> None:
         refusal = self._refusal(time_left, work)
         if refusal is not None:
             self.refused[refusal.reason] += 1
             raise refusal
 
-    def _refusal(self, time_left: float, work: Work = ONE_TEXT) -> ServiceUnavailable | None:
+    def _refusal(self, time_left: float, work: Work) -> ServiceUnavailable | None:
         batcher = self.batcher
         if batcher.closed:
             return ShuttingDown("the server is shutting down and accepts no new work", retry_after=1.0)
