@@ -193,7 +193,7 @@ class RequestParser:
 
     def _check_list_lengths(self, document: Any) -> None:
         """Refuse over-long lists before schema validation, whose cost grows with every item: a
-        1 MB list of numbers in "inputs" held the event loop for seconds (found by fuzzing)."""
+        body-sized list of numbers in "inputs" held the event loop for seconds (found by fuzzing)."""
         if not isinstance(document, dict):
             return
         inputs = document.get("inputs")

@@ -3,8 +3,9 @@
 On the first SIGTERM or SIGINT the server starts *draining* (see lifecycle.py): ``/readyz``
 answers 503 and every response carries ``Connection: close``, while new requests are still
 accepted and answered for ``--drain-delay`` seconds. A pod leaves its Service's endpoints at the
-moment it gets SIGTERM, and proxies and load balancers learn of it seconds later (FIELD.md §8): a
-server that closed its listener at once would refuse requests still being routed to it. After the
+moment it gets SIGTERM, and proxies and load balancers learn of it seconds later (kube-proxy and
+ingress controllers watch the endpoints, then reprogram): a server that closed its listener at once
+would refuse requests still being routed to it. After the
 delay (or at a second signal) the listener closes, what was accepted is answered within
 ``--drain-timeout`` (``app.drain_on_shutdown``), idle connections are closed, and :func:`serve`
 returns: the process exits 0.
@@ -95,12 +96,11 @@ async def serve(
     settings = service_of(app).settings
     runner = make_runner(app)
     await runner.setup()
-    # The libraries and the model are now loaded: some 380,000 objects that live as long as the
-    # process. Collect start-up's garbage once, then move the rest out of the collector's sight.
-    # A full collection would otherwise walk them all (130-200 ms here, holding the GIL: the event
-    # loop stalls), and so would the interpreter's last collection at exit: a stopped server took
-    # 1.2-1.4 s to exit after serve() returned, 0.2 s with this (2 cores, default model), and a
-    # rolling restart waits for that replica by replica.
+    # The libraries and the model are now loaded: hundreds of thousands of objects that live as
+    # long as the process. Collect start-up's garbage once, then move the rest out of the
+    # collector's sight. A full collection would otherwise walk them all, holding the GIL (the
+    # event loop stalls), and so would the interpreter's last collection at exit, which a rolling
+    # restart waits for replica by replica (tests/test_serve.py times the exit).
     gc.collect()
     gc.freeze()
     signals = StopSignals(app)

@@ -29,7 +29,7 @@ def available_cpus() -> int:
     """The CPUs this process may really use: affinity mask, then the cgroup v2/v1 quota.
 
     torch defaults to the *node's* core count, which oversubscribes a container limited to fewer
-    cores (kserve#1031, TorchServe PR #1138: up to 100x slower).
+    cores: its threads then wait for CPU time the quota never grants, and every pass is throttled.
     """
     try:
         cpus = len(os.sched_getaffinity(0))

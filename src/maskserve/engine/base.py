@@ -77,12 +77,12 @@ def _dtype_kwarg(dtype: torch.dtype) -> dict[str, Any]:
 
 
 # A small model's forward pass below PARALLEL_MIN_FLOPS runs on one thread; anything bigger, and
-# every pass of a model of at least PARALLEL_MIN_FLOPS_PER_TOKEN, on every allowed core.
-# Measured on 2 cores: the default model's batch of 32 (~1 GFLOP, 128-wide layers) took 33 ms on
-# 2 threads and 32 ms on 1 when idle, but 159 ms against 39 ms with one busy neighbour (the event
-# loop, a client, another process): torch's threads spin waiting for a core, and its small
-# matrices gain nothing from splitting. bert-base's 768-wide layers split well even for one short
-# text (113 ms on 2 threads, 127 ms on 1), and a batch of 32 took 1.08 s against 1.97 s.
+# every pass of a model of at least PARALLEL_MIN_FLOPS_PER_TOKEN, on every allowed core. Narrow
+# layers gain nothing from splitting their small matrices, and torch's threads spin waiting for a
+# core whenever the event loop, a client or another process holds one, so a small model's small
+# batch runs several times slower on two threads than on one as soon as anything else runs. Wide
+# layers (bert-base's 768) split well even for one short text. The benchmark's thread runs
+# (``python -m benchmarks.run``, "Backends, int8 and bf16") measure both sides of these bounds.
 PARALLEL_MIN_FLOPS = 2e9
 PARALLEL_MIN_FLOPS_PER_TOKEN = 2e7
 
