@@ -1,18 +1,26 @@
-"""Models for driving the batcher and the server into corners: gated, poisoned, recording.
+"""The one controllable model, for driving the batcher and the server into corners.
 
-``ControlledModel`` wraps a real engine (or :class:`EchoModel`) and records every batch the
-inference thread ran; it can hold a forward pass until released, and raise for chosen texts.
+:class:`ControlledModel` wraps a real engine (or :class:`EchoModel`, a pure-Python one that takes
+the time a real one would when told to) and records every batch the inference thread ran; it can
+hold a forward pass until released, raise for chosen texts or for every one, and fail to tokenize.
+:func:`holding` is the set-up of every overload test: one request held in its forward pass, others
+queued behind it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from aiohttp import ClientResponse, web
+from aiohttp.test_utils import TestClient
+
 from maskserve.batcher import Batcher
+from maskserve.keys import SERVICE_KEY
 from maskserve.model_api import FillMaskModel, Prediction, Progress, Query, TextPredictions
 
 
@@ -36,8 +44,10 @@ class EchoModel:
     mask_token = "[MASK]"
     max_tokens = 512
 
-    def __init__(self, costs: Costs = Costs()) -> None:
+    def __init__(self, costs: Costs = Costs(), word: str = "echo") -> None:
         self.costs = costs
+        # Every prediction's token_str and, when not the default, its sequence too.
+        self.word = word
 
     def encode(self, text: str) -> tuple[int, ...]:
         # One token per word, plus [CLS]/[SEP]; "[MASK]" is token 4 as in BERT.
@@ -65,7 +75,8 @@ class EchoModel:
                 answers.append([])
                 continue
             time.sleep(costs.per_prediction_token * q.predictions * q.n_tokens)
-            prediction = Prediction(score=1.0, token=sum(q.input_ids), token_str="echo", sequence=str(q.input_ids))
+            sequence = str(q.input_ids) if self.word == "echo" else self.word
+            prediction = Prediction(score=1.0, token=sum(q.input_ids), token_str=self.word, sequence=sequence)
             answers.append([[prediction] for _ in range(self.count_masks(q.input_ids))])
         return answers
 
@@ -84,9 +95,13 @@ class ControlledModel:
         self.entered = threading.Event()  # set when a pass starts (and waits at the gate)
         self.poisoned: set[tuple[int, ...]] = set()
         self.fail_all = False
+        # Raised by encode: an unexpected failure before anything is queued.
+        self.encode_error: Exception | None = None
         self.on_predict: Callable[[Sequence[Query]], None] | None = None
 
     def encode(self, text: str) -> tuple[int, ...]:
+        if self.encode_error is not None:
+            raise self.encode_error
         return self.inner.encode(text)
 
     def count_masks(self, input_ids: Sequence[int]) -> int:
@@ -133,3 +148,38 @@ async def wait_for_depth(batcher: Batcher, depth: int) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"the queue never reached {depth} texts (it holds {batcher.depth})")
+
+
+@dataclass
+class Held:
+    """A forward pass held at the model's gate, and the requests queued behind it."""
+
+    busy: asyncio.Task[ClientResponse]
+    queued: list[asyncio.Task[ClientResponse]]
+
+    async def statuses(self) -> list[int]:
+        """Every one's status, the held request's first (once the model is released)."""
+        return [response.status for response in await asyncio.gather(self.busy, *self.queued)]
+
+
+@contextlib.asynccontextmanager
+async def holding(
+    client: TestClient[web.Request, web.Application],
+    model: ControlledModel,
+    queued: Sequence[str] = (),
+    *,
+    first: str = "a [MASK]",
+    first_headers: Mapping[str, str] | None = None,
+) -> AsyncIterator[Held]:
+    """The set-up of every overload test: ``first`` runs and is held inside its forward pass, then
+    each of ``queued`` is sent and waits in the queue behind it. The model is released on leaving,
+    whatever happened inside."""
+    model.hold()
+    try:
+        busy = asyncio.create_task(client.post("/", data=first, headers=first_headers))
+        await wait_until_entered(model)
+        waiting = [asyncio.create_task(client.post("/", data=text)) for text in queued]
+        await wait_for_depth(client.app[SERVICE_KEY].batcher, len(waiting))
+        yield Held(busy, waiting)
+    finally:
+        model.release()

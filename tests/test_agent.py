@@ -8,7 +8,7 @@ from maskserve.batcher import BatchReport
 from maskserve.keys import SERVICE_KEY
 
 from .conftest import ClientFactory
-from .fakes import ControlledModel, wait_for_depth, wait_until_entered
+from .fakes import ControlledModel, holding, wait_for_depth
 from .live_server import free_port
 
 
@@ -32,19 +32,12 @@ async def test_the_weight_falls_as_the_queue_fills_but_never_to_zero(make_client
     port = free_port()
     model = ControlledModel()
     client = await make_client(engine=model, agent_port=port, max_queue=4, max_inputs=4)
-    model.hold()
-    try:
-        busy = asyncio.create_task(client.post("/", data="a [MASK]"))
-        await wait_until_entered(model)
-        queued = [asyncio.create_task(client.post("/", data=f"b{i} [MASK]")) for i in range(2)]
-        await wait_for_depth(client.app[SERVICE_KEY].batcher, 2)
+    async with holding(client, model, queued=["b0 [MASK]", "b1 [MASK]"]) as held:
         assert await agent_says(port) == "ready up 50%\n"
-        queued += [asyncio.create_task(client.post("/", data=f"c{i} [MASK]")) for i in range(2)]
+        held.queued += [asyncio.create_task(client.post("/", data=f"c{i} [MASK]")) for i in range(2)]
         await wait_for_depth(client.app[SERVICE_KEY].batcher, 4)
         assert await agent_says(port) == "ready up 1%\n"  # full, and still in rotation
-    finally:
-        model.release()
-    assert [r.status for r in await asyncio.gather(busy, *queued)] == [200] * 5
+    assert await held.statuses() == [200] * 5
     assert await agent_says(port) == "ready up 100%\n"
 
 

@@ -15,7 +15,7 @@ from maskserve.health import liveness, readiness
 from maskserve.keys import SERVICE_KEY
 
 from .conftest import ClientFactory
-from .fakes import ControlledModel, wait_for_depth, wait_until_entered
+from .fakes import ControlledModel, holding, wait_until_entered
 
 Client = TestClient[web.Request, web.Application]
 
@@ -118,12 +118,7 @@ async def test_the_stall_budget_grows_with_the_longest_batch_the_limits_admit(ma
 async def test_a_full_queue_keeps_readyz_200_while_requests_are_refused_503(make_client: ClientFactory) -> None:
     model = ControlledModel()
     client = await make_client(engine=model, max_queue=2, max_inputs=2)
-    model.hold()
-    try:
-        busy = asyncio.create_task(client.post("/", data="a [MASK]"))
-        await wait_until_entered(model)
-        queued = [asyncio.create_task(client.post("/", data=f"b{i} [MASK]")) for i in range(2)]
-        await wait_for_depth(client.app[SERVICE_KEY].batcher, 2)
+    async with holding(client, model, queued=["b0 [MASK]", "b1 [MASK]"]) as held:
         # Load is no part of readiness: the replica stays in its Service, and clients get the
         # 503 with Retry-After, not a refused connection.
         status, body = await probe(client, "/readyz")
@@ -135,9 +130,7 @@ async def test_a_full_queue_keeps_readyz_200_while_requests_are_refused_503(make
         # Probes, metrics and info are never shed, even while inference requests are.
         assert (await client.get("/metrics")).status == 200
         assert (await client.get("/info")).status == 200
-    finally:
-        model.release()
-    assert [r.status for r in await asyncio.gather(busy, *queued)] == [200, 200, 200]
+    assert await held.statuses() == [200, 200, 200]
     assert (await probe(client, "/readyz"))[0] == 200
 
 

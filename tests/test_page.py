@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from html.parser import HTMLParser
 
 from maskserve.keys import SERVICE_KEY
-from maskserve.model_api import Prediction, Progress, Query, TextPredictions
+from maskserve.model_api import Query
 from maskserve.page import CONTENT_SECURITY_POLICY
 
 from .conftest import ClientFactory
@@ -83,16 +82,8 @@ class Page(HTMLParser):
             self.marks.append(data)
 
 
-class ScriptyModel(EchoModel):
-    """Answers with markup as the predicted word, to prove model output is escaped too."""
-
-    WORD = '<img src=x onerror="alert(2)">'
-
-    def predict(self, queries: Sequence[Query], progress: Progress | None = None) -> list[TextPredictions]:
-        return [
-            [[Prediction(score=0.5, token=1, token_str=self.WORD, sequence=self.WORD)]] * self.count_masks(q.input_ids)
-            for q in queries
-        ]
+# Markup as the predicted word, to prove model output is escaped too.
+SCRIPT_WORD = '<img src=x onerror="alert(2)">'
 
 
 async def test_page_shows_model_mask_token_and_examples(make_client: ClientFactory) -> None:
@@ -239,14 +230,14 @@ async def test_script_text_in_an_example_link_is_escaped(make_client: ClientFact
 
 
 async def test_model_output_is_escaped(make_client: ClientFactory) -> None:
-    client = await make_client(engine=ScriptyModel())
+    client = await make_client(engine=EchoModel(word=SCRIPT_WORD))
     response = await client.post("/demo", data={"text": "a [MASK] b"})
     assert response.status == 200
     html = await response.text()
-    assert ScriptyModel.WORD not in html
+    assert SCRIPT_WORD not in html
     page = Page(html)
-    assert page.words == [ScriptyModel.WORD]
-    assert page.marks == [ScriptyModel.WORD]
+    assert page.words == [SCRIPT_WORD]
+    assert page.marks == [SCRIPT_WORD]
 
 
 async def test_page_sends_security_headers(make_client: ClientFactory) -> None:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from maskserve.settings import ENV_PREFIX, Settings, SettingsError, available_cpus, build_parser, load_settings
+
+from .live_server import run_maskserve
 
 FIELDS = [f.name for f in dataclasses.fields(Settings)]
 # A valid value for each field that differs from its default, as text (flag and env form).
@@ -207,9 +207,7 @@ def test_help_lists_every_flag_and_its_variable() -> None:
 
 
 def test_cli_help_lists_every_flag() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "maskserve", "--help"], capture_output=True, text=True, timeout=60, check=False
-    )
+    result = run_maskserve("--help", timeout_s=60)
     assert result.returncode == 0, result.stderr
     # argparse wraps long lines; flags stay whole.
     for name in FIELDS:

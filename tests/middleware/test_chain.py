@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -20,6 +18,7 @@ from maskserve.middleware.chain import BUILTIN_STAGES, ENTRY_POINT_GROUP, Middle
 from maskserve.settings import Settings, SettingsError, load_settings
 
 from ..conftest import ClientFactory
+from ..live_server import run_maskserve
 from .test_errors import error_of
 
 PARIS = b"paris is the [MASK] of france."
@@ -181,13 +180,7 @@ def test_settings_alone_never_build_the_chain() -> None:
 
 
 def test_cli_exits_2_on_a_bad_chain_before_loading_any_model() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "maskserve", "--model", "/no/such/model", "--middleware", "default,-errors"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_maskserve("--model", "/no/such/model", "--middleware", "default,-errors", timeout_s=60)
     assert result.returncode == 2
     assert "--middleware: middleware stage 'errors': is required" in result.stderr
     assert "Traceback" not in result.stderr

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -12,36 +11,11 @@ from aiohttp import ClientResponse
 
 from maskserve.engine import FillMaskEngine
 from maskserve.errors import INTERNAL_MESSAGE
-from maskserve.model_api import Progress, Query, TextPredictions
 
 from ..conftest import ClientFactory
+from ..fakes import ControlledModel
 
 PARIS = b"paris is the [MASK] of france."
-
-
-class ExplodingEncoder:
-    """A model whose tokenizer fails unexpectedly, with a message full of secrets."""
-
-    def __init__(self, engine: FillMaskEngine) -> None:
-        self.engine = engine
-        self.name = engine.name
-        self.mask_token = engine.mask_token
-        self.max_tokens = engine.max_tokens
-
-    def encode(self, text: str) -> tuple[int, ...]:
-        raise RuntimeError("/secret/path boom")
-
-    def count_masks(self, input_ids: Sequence[int]) -> int:
-        return self.engine.count_masks(input_ids)
-
-    def resolve_targets(self, targets: Sequence[str]) -> tuple[int, ...]:
-        return self.engine.resolve_targets(targets)
-
-    def prediction_bytes(self, input_ids: Sequence[int]) -> int:
-        return self.engine.prediction_bytes(input_ids)
-
-    def predict(self, queries: Sequence[Query], progress: Progress | None = None) -> list[TextPredictions]:
-        return self.engine.predict(queries, progress)
 
 
 # Keys an error body may carry besides the three every one has (errors.MaskserveError.details).
@@ -116,7 +90,9 @@ async def test_unsafe_caller_request_id_is_replaced(make_client: ClientFactory, 
 async def test_unexpected_exception_is_a_fixed_500_and_logged_with_traceback(
     make_client: ClientFactory, bert_engine: FillMaskEngine, caplog: pytest.LogCaptureFixture
 ) -> None:
-    client = await make_client(engine=ExplodingEncoder(bert_engine))
+    model = ControlledModel(bert_engine)
+    model.encode_error = RuntimeError("/secret/path boom")  # unexpected, its message full of secrets
+    client = await make_client(engine=model)
     with caplog.at_level(logging.ERROR, logger="maskserve"):
         response = await client.post("/", data=PARIS)
     error = await error_of(response, 500, "internal")
