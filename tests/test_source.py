@@ -54,3 +54,31 @@ def test_no_comment_or_docstring_of_the_package_carries_a_measured_time() -> Non
         for match in TIMING.finditer(text)
     ]
     assert not found, found
+
+
+def test_the_app_and_its_requests_share_state_through_a_handful_of_typed_keys() -> None:
+    package = [path for path in SOURCES if "src" in path.parts]
+    keys = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in package
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"web\.(?:AppKey|RequestKey)\(", line)
+    ]
+    assert 1 <= len(keys) <= 8, keys
+
+
+# How a test would start a server itself: a Popen, or the module run as a command. (This file and
+# the check that the image runs what the tests run name the pattern without running it.)
+STARTS_A_SERVER = re.compile(r"subprocess\.Popen|\"-m\", \"maskserve\"")
+
+
+def test_only_the_live_server_helper_starts_maskserve_processes() -> None:
+    tests = [
+        path
+        for path in SOURCES
+        if "tests" in path.parts and path.name not in {"test_source.py", "test_containerfile.py"}
+    ]
+    starters = {
+        str(path.relative_to(ROOT)) for path in tests if STARTS_A_SERVER.search(path.read_text(encoding="utf-8"))
+    }
+    assert starters == {"tests/live_server.py"}, starters

@@ -44,9 +44,9 @@ def test_the_image_runs_the_console_script_the_tests_run() -> None:
         )
     }
     assert scripts["maskserve"] == "maskserve.__main__:main"
-    # tests/test_main.py runs `python -m maskserve`, which is maskserve.__main__'s main(): the same
-    # function the console script calls.
-    assert '"-m", "maskserve"' in (ROOT / "tests" / "test_main.py").read_text(encoding="utf-8")
+    # The tests run `python -m maskserve` (tests/live_server.py), which is maskserve.__main__'s
+    # main(): the same function the console script calls.
+    assert '"-m", "maskserve"' in (ROOT / "tests" / "live_server.py").read_text(encoding="utf-8")
 
 
 def test_the_image_listens_on_every_interface_of_the_container_only() -> None:
