@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from maskserve.batcher import Batcher, BatchReport, CostModel, Work, predict_isolating
+from maskserve.batcher import Batcher, BatchReport, CostModel, LinearCost, Work, predict_isolating
 from maskserve.engine import FillMaskEngine
 from maskserve.errors import DeadlineExceeded, InferenceFailed, Overloaded, ShuttingDown
 from maskserve.model_api import Query
@@ -434,3 +435,23 @@ async def test_warm_up_measures_both_costs_before_any_request() -> None:
         # Its passes are nobody's: no listener but the cost model heard of them.
         assert batcher.batches_run == 0
     assert max(len(ids) for batch in model.batches for ids in batch) == EchoModel.max_tokens
+
+
+def test_recent_traffic_all_alike_keeps_what_warm_up_measured_of_length() -> None:
+    rng = random.Random(1)
+
+    def real(predictions: int, tokens: float) -> float:
+        return 10e-6 * predictions + 1e-6 * predictions * tokens
+
+    cost = LinearCost()
+    for predictions, tokens in ((5, 8), (40, 64), (100, 512), (200, 128)):  # warm-up: lengths far apart
+        cost.observe(predictions, predictions * tokens, real(predictions, tokens))
+    cost.anchor()
+    for _ in range(300):  # then short sentences only, timed on a busy machine, with overheads
+        predictions, tokens = rng.randint(20, 160), rng.uniform(10, 25)
+        cost.observe(predictions, predictions * tokens, real(predictions, tokens) * rng.uniform(3, 8) + 0.002)
+    # What the costliest request's answer costs is still known within twice...
+    costly = real(2048, 512)
+    assert costly / 2 <= cost.predict(2048, 2048 * 512) <= costly * 2
+    # ...while the short sentences' own cost follows the busy machine.
+    assert cost.predict(80, 80 * 17) > 2 * real(80, 17)

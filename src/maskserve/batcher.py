@@ -160,41 +160,54 @@ class LinearCost:
     least squares over recent observations, so that it follows the model, the machine and the load
     as they change. Until something is observed it predicts 0: never refuse on a guess.
 
-    When the observations cannot tell the two features apart (always the same ratio), everything
-    is charged to ``f1``.
+    Recent traffic is often all alike (short sentences, a few predictions each): it says well what
+    such work costs, and nothing of how the cost grows with length. :meth:`anchor` keeps what has
+    been observed so far (warm-up's passes, of very different lengths) as a prior that never
+    fades, with the weight of a couple of observations: it settles the directions recent traffic
+    leaves open, and yields to it in the others. When nothing tells the two features apart
+    (always the same ratio), everything is charged to ``f1``.
     """
+
+    # The prior's weight, in observations: enough to fix what recent traffic cannot, little
+    # enough that a machine that got slower under load is followed.
+    PRIOR_WEIGHT = 2.0
 
     def __init__(self, decay: float = 0.9) -> None:
         self.decay = decay
-        self._n = self._s11 = self._s12 = self._s22 = self._s1y = self._s2y = 0.0
+        # Weighted sums: count, f1 f1, f1 f2, f2 f2, f1 y, f2 y; recent ones, and the prior's.
+        self._sums = [0.0] * 6
+        self._prior = [0.0] * 6
 
     def observe(self, f1: float, f2: float, seconds: float) -> None:
         d = self.decay
-        self._n = d * self._n + 1.0
-        self._s11 = d * self._s11 + f1 * f1
-        self._s12 = d * self._s12 + f1 * f2
-        self._s22 = d * self._s22 + f2 * f2
-        self._s1y = d * self._s1y + f1 * seconds
-        self._s2y = d * self._s2y + f2 * seconds
+        for i, value in enumerate((1.0, f1 * f1, f1 * f2, f2 * f2, f1 * seconds, f2 * seconds)):
+            self._sums[i] = d * self._sums[i] + value
+
+    def anchor(self) -> None:
+        """Keep what has been observed so far as the prior (see the class docstring)."""
+        if self._sums[0] > 0:
+            scale = self.PRIOR_WEIGHT / self._sums[0]
+            self._prior = [value * scale for value in self._sums]
 
     @property
     def measured(self) -> bool:
-        return self._n > 0
+        return self._sums[0] + self._prior[0] > 0
 
     def coefficients(self) -> tuple[float, float]:
-        if not self.measured or self._s11 + self._s22 <= 0:
+        n, s11, s12, s22, s1y, s2y = (a + b for a, b in zip(self._sums, self._prior))
+        if n <= 0 or s11 + s22 <= 0:
             return 0.0, 0.0
-        det = self._s11 * self._s22 - self._s12 * self._s12
-        if det <= 1e-9 * self._s11 * self._s22 or self._s11 == 0:
-            if self._s11 > 0:
-                return max(0.0, self._s1y / self._s11), 0.0
-            return 0.0, max(0.0, self._s2y / self._s22)
-        a = (self._s1y * self._s22 - self._s2y * self._s12) / det
-        b = (self._s2y * self._s11 - self._s1y * self._s12) / det
+        det = s11 * s22 - s12 * s12
+        if det <= 1e-9 * s11 * s22 or s11 == 0:
+            if s11 > 0:
+                return max(0.0, s1y / s11), 0.0
+            return 0.0, max(0.0, s2y / s22)
+        a = (s1y * s22 - s2y * s12) / det
+        b = (s2y * s11 - s1y * s12) / det
         if b < 0:  # the second feature adds nothing: refit on the first alone
-            return max(0.0, self._s1y / self._s11), 0.0
+            return max(0.0, s1y / s11), 0.0
         if a < 0:
-            return 0.0, max(0.0, self._s2y / self._s22)
+            return 0.0, max(0.0, s2y / s22)
         return a, b
 
     def predict(self, f1: float, f2: float) -> float:
@@ -513,6 +526,8 @@ class Batcher:
                 item.future.cancel()
             if number > 0:
                 self.cost.observe(self._report(items, outcome, 0, 0))
+        self.cost.forward.anchor()
+        self.cost.post.anchor()
         self.calibrated_longest_s = self.longest_batch_s()
         self.longest_pass_s = 0.0  # the cold pass is no measure of a stall
         return time.perf_counter() - started
