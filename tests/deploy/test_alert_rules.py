@@ -16,15 +16,14 @@ import pytest
 import yaml
 
 from .manifests import ROOT
+from .queries import RULES, alert_rules, exported_metrics, metric_names, selectors
 
 pytestmark = pytest.mark.deploy
 
 PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
-RULES = PROMETHEUS_DIR / "maskserve.rules.yaml"
 PROMETHEUS_RULE = PROMETHEUS_DIR / "prometheusrule.yaml"
 UNIT_TESTS = Path(__file__).resolve().parent / "prometheus" / "maskserve.rules.test.yaml"
 OPERATIONS = ROOT / "docs" / "operations.md"
-README = ROOT / "README.md"
 
 PROMETHEUS_RULE_HEADER = """\
 # maskserve's alert rules for the Prometheus Operator: maskserve.rules.yaml beside it, where each
@@ -53,10 +52,6 @@ def rules() -> dict[str, Any]:
     return loaded
 
 
-def alerts() -> list[dict[str, Any]]:
-    return [rule for group in rules()["groups"] for rule in group["rules"] if "alert" in rule]
-
-
 def render_prometheus_rule() -> str:
     document = {
         "apiVersion": "monitoring.coreos.com/v1",
@@ -81,20 +76,6 @@ def headings(markdown: Path) -> set[str]:
     return anchors
 
 
-def exported_metrics() -> set[str]:
-    """The series /metrics exports, by the README's metrics table; histograms with their suffixes."""
-    table = README.read_text(encoding="utf-8").split("**Metrics.**", 1)[1].split("**Per request.**", 1)[0]
-    rows = re.findall(r"^\| `(maskserve_\w+)` \| (\w+) ", table, re.M)
-    names = {name for name, _ in rows}
-    names |= {name + suffix for name, kind in rows if kind == "histogram" for suffix in ("_bucket", "_sum", "_count")}
-    return names
-
-
-def metric_names(expr: str) -> set[str]:
-    """The metric names an expression reads: every identifier before a selector or range."""
-    return set(re.findall(r"\b([a-zA-Z_:][\w:]*)\s*(?:\{|\[)", expr)) - {"by", "without", "on", "ignoring"}
-
-
 def test_promtool_finds_the_rules_valid() -> None:
     result = subprocess.run(
         [promtool(), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60, check=False
@@ -112,7 +93,7 @@ def test_the_alerts_fire_as_their_unit_tests_expect() -> None:
 def test_every_alert_is_unit_tested_firing() -> None:
     tests = yaml.safe_load(UNIT_TESTS.read_text(encoding="utf-8"))["tests"]
     fired = {case["alertname"] for test in tests for case in test["alert_rule_test"] if case["exp_alerts"]}
-    assert fired == {alert["alert"] for alert in alerts()}
+    assert fired == {alert["alert"] for alert in alert_rules()}
 
 
 def test_the_prometheus_rule_is_the_rules_file() -> None:
@@ -123,7 +104,7 @@ def test_the_prometheus_rule_is_the_rules_file() -> None:
 
 def test_every_alert_says_what_it_means_and_where_the_runbook_is() -> None:
     anchors = headings(OPERATIONS)
-    for alert in alerts():
+    for alert in alert_rules():
         name = alert["alert"]
         assert alert["labels"]["severity"] in {"warning", "critical"}, name
         annotations = alert["annotations"]
@@ -136,7 +117,7 @@ def test_every_alert_says_what_it_means_and_where_the_runbook_is() -> None:
 
 def test_the_rules_read_only_series_maskserve_exports() -> None:
     exported = exported_metrics() | {"up"}
-    for alert in alerts():
+    for alert in alert_rules():
         names = metric_names(alert["expr"])
         assert names and names <= exported, (alert["alert"], names - exported)
 
@@ -147,8 +128,8 @@ def test_the_rules_select_the_job_the_scrape_configs_make() -> None:
     (job,) = scrape["scrape_configs"]
     service = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "service.yaml").read_text(encoding="utf-8"))
     assert job["job_name"] == service["metadata"]["name"] == "maskserve"
-    for alert in alerts():
-        for selector in re.findall(r"\{([^}]*)\}", alert["expr"]):
+    for alert in alert_rules():
+        for selector in selectors(alert["expr"]):
             assert 'job="maskserve"' in selector, (alert["alert"], selector)
 
 
