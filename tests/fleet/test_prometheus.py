@@ -10,6 +10,7 @@ starts and fall back once it stops, which its 1-minute window makes take about a
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +31,8 @@ RATE_INTERVAL = "10s"
 # The adapter's busy ratio under load must pass this for every replica: an idle replica's stays at
 # the probes' few milliseconds; one loaded for a few seconds passes it within its 1m window.
 BUSY = 0.05
+# The load lasts at least this long, so that its peak stands well clear of idle in the 1m window.
+MIN_LOAD_S = 10.0
 # Bounds of the waits: the rise takes seconds, the fall the adapter's 1m window.
 RISE_TIMEOUT_S = 60.0
 FALL_TIMEOUT_S = 120.0
@@ -84,10 +87,12 @@ async def test_every_alert_dashboard_and_adapter_query_runs_on_the_replicas(
         assert max(idle.values()) < BUSY, idle
 
         async with steady_load(haproxy.url, workload) as load:
+            load_began = time.monotonic()
             rise_s, loaded = await prometheus.wait_for(
                 busy, lambda b: sorted(b) == pods and min(b.values()) > BUSY, RISE_TIMEOUT_S, "busy under load"
             )
             shown = await evaluate_everything(prometheus, pods)
+            await asyncio.sleep(MIN_LOAD_S - (time.monotonic() - load_began))
             peak = await prometheus.by_pod(busy)
         fall_s, after = await prometheus.wait_for(
             busy,
