@@ -51,8 +51,7 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         FIGURES["base_s"] = round(time.monotonic() - step, 1)
         step = time.monotonic()
         with torch_index(work) as index:
-            # No public image registry is reachable here: a local Debian Python stands in for the
-            # official python base, swapped by build argument only.
+            # No image registry is reachable here: a local Debian Python replaces the official base.
             build = docker(
                 "build",
                 "--network=host",  # the torch index listens on the host's loopback
