@@ -16,6 +16,7 @@ from .admission import Admission
 from .agent import agent_context
 from .batcher import Batcher
 from .errors import ShuttingDown
+from .health import ready
 from .keys import SERVICE_KEY
 from .middleware import chain
 from .middleware.chain import Spec, build_chain
@@ -98,9 +99,9 @@ def inference_context(
         # One thread, so that tokenizing long texts takes at most one core from the model.
         tokenizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="maskserve-tokenizer")
         admission = Admission(batcher)
-        service.metrics.attach(batcher, admission, settings.model_name)
         task = asyncio.create_task(batcher.run(), name="maskserve-batch-loop")
         service.loaded = Loaded(loaded, batcher, admission, tokenizer, task)
+        service.metrics.attach(batcher, admission, settings.model_name, ready=lambda: ready(service).ok)
         try:
             yield
         finally:

@@ -9,10 +9,18 @@ can never drift from the batcher's own counters.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Protocol
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, Info, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    Info,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
@@ -100,16 +108,27 @@ class Metrics:
         )
         self._state = _ServingState()
         registry.register(self._state)
+        # The process's own figures (start time, CPU, memory, open files), on this app's registry:
+        # a restart shows as a new start time, not only as counters that fell back to zero.
+        ProcessCollector(registry=registry)
 
-    def attach(self, batcher: Batcher, admission: Admission | None = None, model_name: str | None = None) -> None:
+    def attach(
+        self,
+        batcher: Batcher,
+        admission: Admission | None = None,
+        model_name: str | None = None,
+        ready: Callable[[], bool] | None = None,
+    ) -> None:
         """Start observing ``batcher``'s batches, and export its state (and admission's) at scrape time.
 
         ``model_name`` is the name clients use (``--model-name``); the model's own, its source, is a
-        label too.
+        label too. ``ready`` is the readiness probe's own verdict, handed down by the layer that
+        owns it, so the gauge and ``/readyz`` can never disagree.
         """
         batcher.listeners.append(self.observe_batch)
         self._state.batcher = batcher
         self._state.admission = admission
+        self._state.ready = ready
         description = describe_model(batcher.model)
         load_seconds = description.get("load_seconds")
         self._state.load_seconds = float(load_seconds) if isinstance(load_seconds, int | float) else None
@@ -155,12 +174,19 @@ class _ServingState(Collector):
     def __init__(self) -> None:
         self.batcher: Batcher | None = None
         self.admission: Admission | None = None
+        self.ready: Callable[[], bool] | None = None
         self.load_seconds: float | None = None
 
     def collect(self) -> Iterator[Metric]:
         batcher = self.batcher
         if batcher is None:  # the model is not loaded yet
             return
+        if self.ready is not None:
+            yield GaugeMetricFamily(
+                "maskserve_ready",
+                "1 while /readyz answers 200 (loaded, not draining, not stuck), else 0; never load.",
+                value=1.0 if self.ready() else 0.0,
+            )
         yield GaugeMetricFamily("maskserve_queue_depth", "Texts waiting for the model now.", value=batcher.depth)
         yield GaugeMetricFamily(
             "maskserve_queue_limit", "Most texts that may wait (--max-queue).", value=batcher.limits.max_queue
