@@ -232,15 +232,20 @@ class InferRequestParser:
         return tuple(word.strip() for word in words)
 
 
-def infer_response(model_name: str, request: InferRequest, texts_json: Sequence[bytes]) -> tuple[bytes, dict[str, str]]:
+def infer_response(
+    model_name: str, request: InferRequest, texts_json: Sequence[bytes], *, version: str | None = None
+) -> tuple[bytes, dict[str, str]]:
     """The infer response's body and headers, in JSON or in the binary extension as asked.
 
     Each text's output element is the JSON ``POST /`` answers for that text alone, as the
-    inference thread made it (``Answer.json``).
+    inference thread made it (``Answer.json``). ``model_version`` is there when the request named
+    a version, and the request's ``id`` is echoed.
     """
     items = list(texts_json)
     output: dict[str, Any] = {"name": OUTPUT_NAME, "datatype": DATATYPE, "shape": [len(items)]}
     response: dict[str, Any] = {"model_name": model_name, "outputs": [output]}
+    if version is not None:
+        response["model_version"] = version
     if request.id is not None:
         response["id"] = request.id
     if not request.binary_output:

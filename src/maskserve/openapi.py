@@ -44,11 +44,15 @@ ROUTE_NAMES = {
     ("get", "/info"): "info",
     ("get", "/openapi.json"): "openapi",
     ("get", "/v2"): "oip_server_metadata",
+    ("get", "/v2/"): "oip_server_metadata_slash",
     ("get", "/v2/health/live"): "oip_server_live",
     ("get", "/v2/health/ready"): "oip_server_ready",
     ("get", "/v2/models/{model}"): "oip_model_metadata",
+    ("get", "/v2/models/{model}/versions/{version}"): "oip_model_metadata_version",
     ("get", "/v2/models/{model}/ready"): "oip_model_ready",
+    ("get", "/v2/models/{model}/versions/{version}/ready"): "oip_model_ready_version",
     ("post", "/v2/models/{model}/infer"): "oip_infer",
+    ("post", "/v2/models/{model}/versions/{version}/infer"): "oip_infer_version",
 }
 
 
@@ -144,7 +148,8 @@ def _schemas(limits: Settings) -> dict[str, Schema]:
             "required": ["model_name", "outputs"],
             "properties": {
                 "model_name": {"type": "string"},
-                "id": {"type": "string"},
+                "model_version": {"type": "string", "description": "The version, when the path named one."},
+                "id": {"type": "string", "description": "The request's id, echoed."},
                 "outputs": {
                     "type": "array",
                     "minItems": 1,
@@ -326,6 +331,13 @@ MODEL_PARAMETER = {
     "description": "The model's name, --model-name; any other is a 404.",
     "schema": {"type": "string"},
 }
+VERSION_PARAMETER: Schema = {
+    "name": "version",
+    "in": "path",
+    "required": True,
+    "description": "The model's version: 1, the one served (model metadata lists it); any other is a 404.",
+    "schema": {"type": "string"},
+}
 
 
 def _oip_probe(summary: str, *, per_model: bool = False) -> Schema:
@@ -389,28 +401,42 @@ def _oip_infer(settings: Settings, limits: Settings, mask_token: str) -> Schema:
     }
 
 
+def _versioned(operation: Schema) -> Schema:
+    """The same operation on the path that also names the model's version."""
+    versioned = {**operation, "parameters": [*operation.get("parameters", []), VERSION_PARAMETER]}
+    versioned["responses"] = {
+        **operation["responses"],
+        "404": _error("No model of that name, or no such version of it, is served."),
+    }
+    return versioned
+
+
 def _oip_paths(settings: Settings, limits: Settings, mask_token: str) -> dict[str, Schema]:
     not_found = {"404": _error("No model of that name is served.")}
+    server_metadata = {
+        "summary": "Open Inference Protocol: server metadata",
+        "tags": ["open inference protocol"],
+        "responses": {"200": _ok("Who serves.", JSON, _ref("ServerMetadata"))},
+    }
+    model_metadata = {
+        "summary": "Open Inference Protocol: model metadata",
+        "tags": ["open inference protocol"],
+        "parameters": [MODEL_PARAMETER],
+        "responses": {"200": _ok("The model's tensors.", JSON, _ref("ModelMetadata"))} | not_found,
+    }
+    model_ready = _oip_probe("Open Inference Protocol: model ready", per_model=True)
+    infer = _oip_infer(settings, limits, mask_token)
     return {
-        "/v2": {
-            "get": {
-                "summary": "Open Inference Protocol: server metadata",
-                "tags": ["open inference protocol"],
-                "responses": {"200": _ok("Who serves.", JSON, _ref("ServerMetadata"))},
-            }
-        },
+        "/v2": {"get": server_metadata},
+        "/v2/": {"get": dict(server_metadata)},  # its own copy: each operation gets its own id
         "/v2/health/live": {"get": _oip_probe("Open Inference Protocol: server live (as /livez)")},
         "/v2/health/ready": {"get": _oip_probe("Open Inference Protocol: server ready (as /readyz)")},
-        "/v2/models/{model}": {
-            "get": {
-                "summary": "Open Inference Protocol: model metadata",
-                "tags": ["open inference protocol"],
-                "parameters": [MODEL_PARAMETER],
-                "responses": {"200": _ok("The model's tensors.", JSON, _ref("ModelMetadata"))} | not_found,
-            }
-        },
-        "/v2/models/{model}/ready": {"get": _oip_probe("Open Inference Protocol: model ready", per_model=True)},
-        "/v2/models/{model}/infer": {"post": _oip_infer(settings, limits, mask_token)},
+        "/v2/models/{model}": {"get": model_metadata},
+        "/v2/models/{model}/versions/{version}": {"get": _versioned(model_metadata)},
+        "/v2/models/{model}/ready": {"get": model_ready},
+        "/v2/models/{model}/versions/{version}/ready": {"get": _versioned(model_ready)},
+        "/v2/models/{model}/infer": {"post": infer},
+        "/v2/models/{model}/versions/{version}/infer": {"post": _versioned(infer)},
     }
 
 

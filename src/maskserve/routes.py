@@ -12,7 +12,7 @@ ROUTE_ROLES = RouteRoles(
     # Routes that queue work for the model: the circuit-breaking stage may refuse these at the door,
     # and only these. Health, metrics, info and the demo page's GET are never shed; POST /demo asks
     # the same admission itself, to show a refusal inline.
-    inference=frozenset({"fill_mask", "oip_infer"}),
+    inference=frozenset({"fill_mask", "oip_infer", "oip_infer_version"}),
     # Open without an API key: probes (they cannot be expected to hold secrets) and the demo
     # page's GETs, which run nothing. Unknown paths need the key, so the routes cannot be mapped.
     public=frozenset(
@@ -25,6 +25,7 @@ ROUTE_ROLES = RouteRoles(
             "oip_server_live",
             "oip_server_ready",
             "oip_model_ready",
+            "oip_model_ready_version",
         }
     ),
 )
@@ -50,12 +51,17 @@ def setup_routes(app: web.Application) -> None:
             web.get("/openapi.json", openapi.openapi, name="openapi"),
             # The Open Inference Protocol (KServe v2, Triton, MLServer): the same model, admission,
             # batcher and errors; {model} is --model-name.
+            # Each model route with and without the version segment, as the protocol lists them.
             web.get("/v2", oip.server_metadata, name="oip_server_metadata"),
+            web.get("/v2/", oip.server_metadata, name="oip_server_metadata_slash"),
             web.get("/v2/health/live", oip.server_live, name="oip_server_live"),
             web.get("/v2/health/ready", oip.server_ready, name="oip_server_ready"),
             web.get("/v2/models/{model}", oip.model_metadata, name="oip_model_metadata"),
+            web.get("/v2/models/{model}/versions/{version}", oip.model_metadata, name="oip_model_metadata_version"),
             web.get("/v2/models/{model}/ready", oip.model_ready, name="oip_model_ready"),
+            web.get("/v2/models/{model}/versions/{version}/ready", oip.model_ready, name="oip_model_ready_version"),
             web.post("/v2/models/{model}/infer", oip.infer, name="oip_infer"),
+            web.post("/v2/models/{model}/versions/{version}/infer", oip.infer, name="oip_infer_version"),
         ]
     )
     service_of(app).routes = ROUTE_ROLES
