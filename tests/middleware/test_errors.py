@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 from typing import Any
 
@@ -11,6 +12,7 @@ from aiohttp import ClientResponse
 
 from maskserve.engine import FillMaskEngine
 from maskserve.errors import INTERNAL_MESSAGE
+from maskserve.middleware.errors import new_request_id
 
 from ..conftest import ClientFactory
 from ..fakes import ControlledModel
@@ -106,3 +108,18 @@ async def test_unexpected_exception_is_a_fixed_500_and_logged_with_traceback(
     assert "RuntimeError: /secret/path boom" in caplog.text and "Traceback" in caplog.text
     # One failure does not stop the server.
     assert (await client.post("/nowhere")).status == 404
+
+
+def test_new_request_ids_are_distinct_and_a_forked_process_gets_its_own() -> None:
+    ids = {new_request_id() for _ in range(1000)}
+    assert len(ids) == 1000 and all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: as a --workers worker would, right after the fork
+        os.write(write, new_request_id().encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    os.close(write)
+    assert child[:16] != new_request_id()[:16]
