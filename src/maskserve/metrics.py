@@ -199,7 +199,7 @@ class _ServingState(Collector):
         yield GaugeMetricFamily(
             "maskserve_inference_in_flight_seconds",
             "How long the forward pass in flight has been running; 0 when idle (/livez compares it "
-            "with --stall-timeout).",
+            "with the stall budget).",
             value=batcher.busy_for,
         )
         dropped = CounterMetricFamily(

@@ -89,11 +89,13 @@ def adapter_query(rule: dict[str, Any], *, namespace: str, pods: list[str]) -> s
 
 
 def exported_metrics() -> set[str]:
-    """The series /metrics exports, by the README's metrics table; histograms with their suffixes."""
+    """The series /metrics exports, by the README's metrics table (histograms with their suffixes)
+    and the process collector's series that the README names beside it."""
     table = README.read_text(encoding="utf-8").split("**Metrics.**", 1)[1].split("**Per request.**", 1)[0]
     rows = re.findall(r"^\| `(maskserve_\w+)` \| (\w+) ", table, re.M)
     names = {name for name, _ in rows}
     names |= {name + suffix for name, kind in rows if kind == "histogram" for suffix in ("_bucket", "_sum", "_count")}
+    names |= set(re.findall(r"`(process_[a-z_]+)`", table))
     return names
 
 

@@ -109,7 +109,9 @@ def test_every_alert_says_what_it_means_and_where_the_runbook_is() -> None:
         assert alert["labels"]["severity"] in {"warning", "critical"}, name
         annotations = alert["annotations"]
         assert annotations["summary"] and annotations["description"], name
-        path, _, anchor = annotations["runbook"].partition("#")
+        # runbook_url: the annotation Alertmanager templates and Grafana's alert views link from.
+        assert "runbook" not in annotations, f"{name}: runbook_url, not runbook"
+        path, _, anchor = annotations["runbook_url"].partition("#")
         assert (ROOT / path) == OPERATIONS, (name, path)
         # One section per alert, under the alert's own name: the link survives any rewording.
         assert anchor == name.lower() and anchor in anchors, f"{name}: docs/operations.md has no section #{anchor}"

@@ -41,6 +41,7 @@ VIEWS = {
     "504 rate": r'status="504"',
     "errors by kind": r'sum by \(kind\) \(rate\(maskserve_requests_total\{[^}]*kind!="ok"',
     "replicas": r'up\{job="maskserve"',
+    "replicas ready": r"maskserve_ready\{",
 }
 
 

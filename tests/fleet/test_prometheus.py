@@ -4,8 +4,10 @@ for Kubernetes).
 
 Under load through HAProxy, every alert expression, every dashboard query and both Prometheus
 Adapter queries are evaluated through the HTTP API: each must parse, every panel must show data,
-and every per-pod query must return each replica. The adapter's busy ratio must rise when the load
-starts and fall back once it stops, which its 1-minute window makes take about a minute.
+and every per-pod query must return each replica. Each replica must report itself ready and its
+process's start time (the series of the not-ready and restart alerts), and no alert about a
+replica's health may fire, or even be pending, under load. The adapter's busy ratio must rise when
+the load starts and fall back once it stops, which its 1-minute window makes take about a minute.
 """
 
 from __future__ import annotations
@@ -36,6 +38,24 @@ MIN_LOAD_S = 10.0
 # Bounds of the waits: the rise takes seconds, the fall the adapter's 1m window.
 RISE_TIMEOUT_S = 60.0
 FALL_TIMEOUT_S = 120.0
+# The alerts that say a replica is unwell rather than the fleet busy: none may fire, or even be
+# pending, on healthy replicas under load (busy is not stuck, shedding is not unready).
+REPLICA_ALERTS = (
+    "MaskserveReplicaDown",
+    "MaskserveNoReplicaUp",
+    "MaskserveReplicaNotReady",
+    "MaskserveInferenceStalled",
+    "MaskserveRestarted",
+)
+# How far a replica's process_start_time_seconds may be from when the test spawned it: the kernel
+# counts a process's start from its boot time, which it keeps in whole seconds.
+START_TOLERANCE_S = 3.0
+
+
+def spawned_at(replica: Replica) -> float:
+    """When the test spawned the replica's current process, in Unix time."""
+    assert replica.server is not None
+    return time.time() - (time.monotonic() - replica.server.started_at)
 
 
 def busy_rule() -> dict[str, object]:
@@ -82,6 +102,12 @@ async def test_every_alert_dashboard_and_adapter_query_runs_on_the_replicas(
         addresses = {t["labels"]["pod"]: t["labels"]["instance"] for t in targets}
         assert addresses == {r.name: f"{r.address.host}:{r.address.port}" for r in whole_fleet}
         assert all(t["labels"]["namespace"] == NAMESPACE and t["labels"]["job"] == "maskserve" for t in targets)
+        # Each replica's own readiness and its process's start time, as the alerts read them.
+        ready = await prometheus.by_pod('maskserve_ready{job="maskserve"}')
+        started = await prometheus.by_pod('process_start_time_seconds{job="maskserve"}')
+        spawned = {replica.name: spawned_at(replica) for replica in whole_fleet}
+        assert sorted(started) == pods, started
+        assert all(abs(started[pod] - spawned[pod]) < START_TOLERANCE_S for pod in pods), (started, spawned)
         # Two scrapes make a rate.
         _, idle = await prometheus.wait_for(busy, lambda b: sorted(b) == pods, 30, "a busy ratio per replica")
         assert max(idle.values()) < BUSY, idle
@@ -94,6 +120,8 @@ async def test_every_alert_dashboard_and_adapter_query_runs_on_the_replicas(
             shown = await evaluate_everything(prometheus, pods)
             await asyncio.sleep(MIN_LOAD_S - (time.monotonic() - load_began))
             peak = await prometheus.by_pod(busy)
+            loaded_ready = await prometheus.by_pod('maskserve_ready{job="maskserve"}')
+            unwell = await prometheus.query(f'ALERTS{{alertname=~"{"|".join(REPLICA_ALERTS)}"}}')
         fall_s, after = await prometheus.wait_for(
             busy,
             lambda b: sorted(b) == pods and all(b[pod] < peak[pod] / 2 for pod in pods),
@@ -122,6 +150,8 @@ async def test_every_alert_dashboard_and_adapter_query_runs_on_the_replicas(
         },
     )
     assert up == dict.fromkeys(pods, 1.0)
+    assert ready == loaded_ready == dict.fromkeys(pods, 1.0)
+    assert not unwell, [series["metric"] for series in unwell]
     assert min(loaded.values()) > BUSY and fall_s <= FALL_TIMEOUT_S
     # The load was real and right: every answer through HAProxy correct.
     assert result.sent > 0 and result.wrong == 0, load.report()
