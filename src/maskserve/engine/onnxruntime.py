@@ -25,8 +25,6 @@ from .base import (
     default_model_dir,
     encoder_flops_per_token,
     load_pretrained,
-    pad_batch,
-    probe_texts,
 )
 from .onnx_export import (
     INPUTS,
@@ -39,6 +37,7 @@ from .onnx_export import (
     find_export,
     one_line,
 )
+from .probe import Probe
 
 log = logging.getLogger(__name__)
 
@@ -88,35 +87,6 @@ def run_graph(session: Any, input_ids: np.ndarray, attention_mask: np.ndarray, m
     (logits,) = session.run([OUTPUT], feeds)
     result: np.ndarray = logits
     return result
-
-
-class _Probe:
-    """The probe batches and torch's full-model scores at their masks, to check a graph against."""
-
-    def __init__(self, tokenizer: Any, model: PreTrainedModel) -> None:
-        texts = probe_texts(tokenizer)
-        # Together (the shorter one padded), and the shorter one alone: two shapes, with padding.
-        self.batches = [pad_batch(texts, tokenizer.pad_token_id), pad_batch(texts[1:], tokenizer.pad_token_id)]
-        self.mask_token_id: int = tokenizer.mask_token_id
-        self.expected: list[torch.Tensor] = []
-        with torch.inference_mode():
-            for ids, attention in self.batches:
-                rows, cols = np.nonzero(ids == self.mask_token_id)
-                logits = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(attention)).logits
-                self.expected.append(logits[torch.from_numpy(rows), torch.from_numpy(cols)].float().softmax(-1))
-
-    def check(self, session: Any) -> None:
-        for (ids, attention), expected in zip(self.batches, self.expected):
-            rows, cols = np.nonzero(ids == self.mask_token_id)
-            got = torch.from_numpy(run_graph(session, ids, attention, (rows * ids.shape[1] + cols).astype(np.int64)))
-            if got.shape != expected.shape:
-                raise ExportFailed(f"the exported graph answers shape {tuple(got.shape)}, not {tuple(expected.shape)}")
-            worst = float((got.float().softmax(-1) - expected).abs().max())
-            if not worst <= PROBE_SCORE_TOLERANCE:
-                raise ExportFailed(
-                    f"the exported graph's scores differ from torch's by up to {worst:.3g} on a probe "
-                    f"(more than {PROBE_SCORE_TOLERANCE:g})"
-                )
 
 
 class OnnxFillMaskEngine(FillMaskEngine):
@@ -210,11 +180,11 @@ def load_onnx_engine(
     loaded = load_pretrained(model, device=torch.device("cpu"), dtype=torch.float32, attn_implementation="eager")
     flops_per_token = encoder_flops_per_token(loaded.model)
     key, parts = export_key(loaded.model)
-    probe = _Probe(loaded.tokenizer, loaded.model)
+    probe = Probe(loaded.tokenizer, loaded.model)
 
     def open_checked(model_file: Path) -> Any:
         session = open_session(model_file, threads)
-        probe.check(session)
+        probe.check(lambda *inputs: run_graph(session, *inputs), PROBE_SCORE_TOLERANCE)
         return session
 
     export = find_export(root, key)
