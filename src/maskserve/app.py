@@ -59,7 +59,7 @@ def load_model(settings: Settings) -> FillMaskModel:
             cache_dir=settings.resolved_cache_dir(),
             device=settings.device,
             dtype=settings.dtype,
-            threads=settings.resolved_torch_threads(),
+            threads=settings.resolved_threads(),
             quantize=settings.quantize,
         )
     from .engine import load_engine
@@ -68,8 +68,8 @@ def load_model(settings: Settings) -> FillMaskModel:
         settings.model,
         device=settings.device,
         dtype=settings.dtype,
-        threads=settings.resolved_torch_threads(),
-        adaptive_threads=settings.adaptive_torch_threads,
+        threads=settings.resolved_threads(),
+        adaptive_threads=settings.adaptive_threads,
         quantize=settings.quantize,
     )
 
