@@ -62,6 +62,17 @@ def load_model(settings: Settings) -> FillMaskModel:
             threads=settings.resolved_threads(),
             quantize=settings.quantize,
         )
+    if settings.backend == "openvino":
+        from .engine.openvino import load_openvino_engine
+
+        return load_openvino_engine(
+            settings.model,
+            cache_dir=settings.resolved_cache_dir(),
+            device=settings.device,
+            dtype=settings.dtype,
+            threads=settings.resolved_threads(),
+            quantize=settings.quantize,
+        )
     from .engine import load_engine
 
     return load_engine(

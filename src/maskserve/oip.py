@@ -29,7 +29,7 @@ from .views import answer, request_trace, timing_headers
 # The protocol says a failed health check is a 4xx; Triton answers 400, and so does maskserve.
 NOT_HEALTHY = 400
 # The protocol's platform names for what runs the model (its "Platforms" list has no eager PyTorch).
-PLATFORMS = {"onnxruntime": "onnxruntime_onnx"}
+PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "openvino": "openvino"}
 
 
 def _served_model(request: web.Request) -> str:

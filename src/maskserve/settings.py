@@ -217,18 +217,21 @@ class Settings:
     )
     backend: str = _setting(
         "torch",
-        _choice("torch", "onnxruntime"),
+        _choice("torch", "onnxruntime", "openvino"),
         "What runs the model. torch: any device, dtype and --quantize. onnxruntime (pip install "
         "'maskserve[onnx]'): CPU and float32 only; the model is exported to ONNX once (cached in "
         "--cache-dir) with attention, layer norm and GELU fused, and runs faster per pass, most of all "
-        "for a text or a few at a time. Its threads follow --torch-threads. Start-up exits 2 if the "
-        "export fails.",
+        "for a text or a few at a time. openvino (pip install 'maskserve[openvino]'): CPU, float32 or "
+        "--dtype bfloat16; the model is converted once (cached in --cache-dir) and uses the CPU's "
+        "matrix units. Their threads follow --threads. Start-up exits 2 if the export fails or the "
+        "backend cannot run what is asked.",
     )
     cache_dir: str | None = _setting(
         None,
         _optional_str,
         "Where maskserve keeps what it builds from a model: the onnxruntime backend's exports go in its "
-        "onnx/ subfolder, one per model, weights, settings and library versions (never stale). "
+        "onnx/ subfolder, the openvino backend's graphs and compiled models in openvino/, one per model, "
+        "weights, settings and library versions (never stale). "
         "Default: $XDG_CACHE_HOME/maskserve, else ~/.cache/maskserve.",
     )
     max_batch_size: int = _setting(
@@ -384,7 +387,11 @@ def build_parser() -> argparse.ArgumentParser:
         for alias in f.metadata.get("aliases", ()):
             # Its own destination, so that an error names the flag the operator typed.
             parser.add_argument(
-                _flag_name(alias), dest=f"{f.name}:{alias}", default=None, metavar="VALUE", help=f"= {_flag_name(f.name)}"
+                _flag_name(alias),
+                dest=f"{f.name}:{alias}",
+                default=None,
+                metavar="VALUE",
+                help=f"= {_flag_name(f.name)}",
             )
     return parser
 

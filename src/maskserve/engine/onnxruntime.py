@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import PreTrainedModel
 
 from .base import (
     BackendUnavailable,
