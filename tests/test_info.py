@@ -10,6 +10,7 @@ import transformers
 
 import maskserve
 from maskserve.engine import FillMaskEngine
+from maskserve.engine.cpu import describe_features
 
 from .conftest import ClientFactory
 from .fakes import ControlledModel, EchoModel
@@ -30,6 +31,7 @@ async def test_info_describes_model_runtime_settings_and_versions(
     assert model["name"] == "support-bert"  # --model-name: what clients call it
     assert model["source"] == bert_engine.name  # where it came from: a local folder, given by path
     assert (model["device"], model["dtype"]) == ("cpu", "float32")
+    assert (model["precision"], model["cpu_matrix_features"]) == ("float32", describe_features())
     assert model["torch_threads"] == torch.get_num_threads()
     assert model["load_seconds"] > 0
     assert model["quantize"] == "none"

@@ -23,6 +23,7 @@ from .base import (
     resolve_dtype,
     split_mlm_head,
 )
+from .cpu import describe_features, precision_in_effect
 
 log = logging.getLogger(__name__)
 
@@ -142,12 +143,13 @@ def load_engine(
     target_device = resolve_device(device)
     target_dtype = resolve_dtype(dtype, target_device)
     log.info(
-        "loading model from %s on %s (%s, %d torch threads%s)",
+        "loading model from %s on %s (%s, %d torch threads%s); CPU matrix features: %s",
         model or default_model_dir(),
         target_device,
-        target_dtype,
+        precision_in_effect(str(target_dtype).removeprefix("torch."), target_device.type),
         threads,
         ", one for small batches" if adaptive_threads else "",
+        describe_features(),
     )
     loaded = load_pretrained(model, device=target_device, dtype=target_dtype)
     served = loaded.model
