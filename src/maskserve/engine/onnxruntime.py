@@ -161,9 +161,9 @@ def load_onnx_engine(
     if device == "cuda":
         raise BackendUnavailable("--backend onnxruntime runs on the CPU only; use --backend torch for --device cuda")
     if dtype not in ("auto", "float32"):
-        raise BackendUnavailable(
-            f"--backend onnxruntime runs float32 only, not --dtype {dtype}; use --backend torch for it"
-        )
+        # bfloat16 on the CPU is the openvino and torch backends' (README: Backends).
+        other = "--backend openvino or --backend torch" if dtype == "bfloat16" else "--backend torch"
+        raise BackendUnavailable(f"--backend onnxruntime runs float32 only, not --dtype {dtype}; use {other} for it")
     if quantize != "none":
         raise BackendUnavailable(f"--quantize {quantize} runs on --backend torch only")
     _onnxruntime()
