@@ -13,6 +13,7 @@ bfloat16, where the CPU runs it natively (AMX or AVX-512 BF16); elsewhere it is 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from pathlib import Path
@@ -55,13 +56,24 @@ def _openvino() -> Any:
     return openvino
 
 
+@functools.cache
+def shared_core() -> Any:
+    """The process's one OpenVINO Core, kept until exit.
+
+    Each Core starts its own CPU plugin, and the plugin swaps the signal stack of the thread that
+    starts it, restoring the previous one when it ends. Plugins that end in another order than
+    they started leave a freed signal stack in place, and the next signal (SIGTERM, for a drain)
+    crashes the process. One Core, never released, starts the plugin once.
+    """
+    return _openvino().Core()
+
+
 def compile_graph(model_file: Path, precision: str, threads: int) -> Any:
     """``model_file`` compiled for this CPU in ``precision`` on ``threads`` threads, one stream.
 
     One stream with the latency hint: maskserve runs one batch at a time, so all the threads go
     to that batch. The compiled model is kept in the entry's ``compiled/`` folder by OpenVINO.
     """
-    ov = _openvino()
     config = {
         "INFERENCE_PRECISION_HINT": precision,
         "INFERENCE_NUM_THREADS": threads,
@@ -70,7 +82,7 @@ def compile_graph(model_file: Path, precision: str, threads: int) -> Any:
         "CACHE_DIR": str(model_file.parent / COMPILED_DIR),
     }
     try:
-        core = ov.Core()
+        core = shared_core()
         return core.compile_model(core.read_model(str(model_file)), "CPU", config)
     except Exception as exc:  # OpenVINO raises RuntimeError with a long multi-line message
         raise ExportFailed(f"OpenVINO cannot compile {model_file}: {one_line(exc)}") from exc

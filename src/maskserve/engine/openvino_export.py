@@ -11,6 +11,10 @@ compiled, not here: float32 and bfloat16 share one entry.
 OpenVINO keeps the compiled model of each precision and thread count in the entry's
 ``compiled/`` subfolder (its ``CACHE_DIR``), keyed by OpenVINO itself on the graph, the
 compile settings and the CPU, so a restart skips compilation.
+
+OpenVINO maps ``model.bin`` into memory rather than copying it, and a running server reads its
+weights from that mapping: an entry's files are never rewritten in place (an entry is published
+and discarded by renaming its folder), since a rewrite would change or cut a live server's weights.
 """
 
 from __future__ import annotations
