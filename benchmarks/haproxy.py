@@ -26,7 +26,7 @@ from pathlib import Path
 TEMPLATE = Path(__file__).resolve().parent.parent / "deploy" / "haproxy.cfg"
 BACKEND = "maskserve"
 # The layer-7 retry line the example documents; render_config turns it on or off.
-L7_RETRIES = "retry-on conn-failure empty-response response-timeout 503"
+L7_RETRIES = "retry-on conn-failure empty-response 503"
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,8 @@ class Address:
     name: str
     host: str
     port: int
+    # Where its HAProxy agent (--agent-port) answers; None: it runs none.
+    agent_port: int | None = None
 
     @property
     def url(self) -> str:
@@ -51,6 +53,7 @@ class ServerState:
     check: str  # the last check's outcome, e.g. L7OK, L7STS (a 503), L4CON (refused)
     retries: int = 0  # wretr: requests sent to it that HAProxy tried again (connection or L7 retries)
     redispatches: int = 0  # wredis: of those, moved to another server
+    weight: int = 0  # its effective weight now: the configured one times the agent's percentage
 
     @property
     def in_rotation(self) -> bool:
@@ -104,7 +107,13 @@ def render_config(
         if match:
             server_lines += 1
             if server_lines == 1:  # the example's servers become ours, with the example's options
-                out += [f"{indent}server {s.name} {s.host}:{s.port}{match.group(1)}" for s in servers]
+                options = re.sub(r" agent-port \d+", "", match.group(1))
+                out += [
+                    f"{indent}server {s.name} {s.host}:{s.port}"
+                    + (f" agent-port {s.agent_port}" if s.agent_port is not None else "")
+                    + options
+                    for s in servers
+                ]
             continue
         out.append(line)
     if (binds, retry_lines) != (1, 1) or server_lines == 0:
@@ -116,11 +125,16 @@ def render_config(
 
 
 def documented_replica_flags(template: Path = TEMPLATE) -> list[str]:
-    """The flags the example starts each replica with (``maskserve --port $port FLAGS &``), port aside."""
+    """The flags the example starts each replica with (``maskserve --port $port FLAGS &``), the port
+    and the agent's port aside (each replica gets its own)."""
     match = re.search(r"maskserve --port \$port((?: --[\w-]+ [^\s&]+)*) &", template.read_text(encoding="utf-8"))
     if match is None:
         raise ValueError(f"{template} no longer shows how to start its replicas (maskserve --port $port ... &)")
-    return match.group(1).split()
+    flags = match.group(1).split()
+    if "--agent-port" not in flags:
+        raise ValueError(f"{template} no longer starts its replicas with --agent-port, which its servers read")
+    at = flags.index("--agent-port")
+    return flags[:at] + flags[at + 2 :]
 
 
 def check_values(config: str) -> dict[str, str]:
@@ -197,6 +211,7 @@ class HAProxy:
                 row["check_status"],
                 int(row["wretr"] or 0),
                 int(row["wredis"] or 0),
+                int(row["weight"] or 0),
             )
             for row in rows
             if row["pxname"] == BACKEND and row["svname"] not in {"FRONTEND", "BACKEND"}

@@ -19,7 +19,7 @@ def load_pipeline(model: str) -> Any:
 
 
 def _one(result: Any) -> list[dict[str, Any]]:
-    # The pipeline unwraps a single mask's list of lists (FIELD.md §6); one mask per sentence here.
+    # The pipeline unwraps a single mask's list of lists; one mask per sentence here.
     if result and isinstance(result[0], list):
         raise ValueError("one mask per sentence is expected")
     return list(result)

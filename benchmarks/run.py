@@ -14,7 +14,8 @@ installed) in closed loops at each concurrency,
 *interleaved* (interleaved.py): every sentence sent to each server in turn and to one offline
 pipeline call. On the default model two extra systems run at concurrency 64: maskserve with
 tracing on, and maskserve with ``--workers 2``.
-Numbers drift between runs on a shared machine (FIELD.md §6), so the table reports medians of the
+Numbers drift between runs on a shared machine (by more than the differences measured, minutes
+apart), so the table reports medians of the
 rounds and, above all, ratios taken inside each round. Only one system computes at a time.
 """
 
@@ -143,7 +144,7 @@ class ModelRun:
     rounds: list[Round] = field(default_factory=list)
     rss: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     rss_after_warmup: dict[str, int] = field(default_factory=dict)
-    # The 1/5/15-minute load averages: other work on the machine skews every number (FIELD.md §6).
+    # The 1/5/15-minute load averages: other work on the machine skews every number.
     load_before: tuple[float, float, float] = (0.0, 0.0, 0.0)
     load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
 

@@ -150,14 +150,16 @@ def load_on_backend(backend: str, tmp_path: Path) -> Callable[[str | None], Fill
 
 @pytest.fixture
 def make_client(aiohttp_client: Any, bert_engine: FillMaskEngine) -> ClientFactory:
-    """``await make_client(engine=..., **settings)``: a client of ``create_app`` over real HTTP.
+    """``await make_client(engine=..., **settings)``: a client of ``create_app`` over real HTTP,
+    without warm-up unless ``warmup=True`` is given.
 
     Handler cancellation is on, as in ``maskserve`` itself, so a client that disconnects
     cancels its handler.
     """
 
     async def make(engine: FillMaskModel | None = None, **overrides: Any) -> TestClient[web.Request, web.Application]:
-        settings = dataclasses.replace(Settings(), **overrides)
+        # No warm-up unless a test asks for it: its passes would show in a test double's record.
+        settings = dataclasses.replace(Settings(), **{"warmup": False, **overrides})
         app = create_app(settings, engine=engine if engine is not None else bert_engine)
         client: TestClient[web.Request, web.Application] = await aiohttp_client(
             app, server_kwargs={"handler_cancellation": True}

@@ -1,25 +1,53 @@
-"""Models for driving the batcher and the server into corners: gated, poisoned, recording.
+"""The one controllable model, for driving the batcher and the server into corners.
 
-``ControlledModel`` wraps a real engine (or :class:`EchoModel`) and records every batch the
-inference thread ran; it can hold a forward pass until released, and raise for chosen texts.
+:class:`ControlledModel` wraps a real engine (or :class:`EchoModel`, a pure-Python one that takes
+the time a real one would when told to) and records every batch the inference thread ran; it can
+hold a forward pass until released, raise for chosen texts or for every one, and fail to tokenize.
+:func:`holding` is the set-up of every overload test: one request held in its forward pass, others
+queued behind it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from aiohttp import ClientResponse, web
+from aiohttp.test_utils import TestClient
 
 from maskserve.batcher import Batcher
-from maskserve.model_api import FillMaskModel, Prediction, Query, TextPredictions
+from maskserve.keys import SERVICE_KEY
+from maskserve.model_api import FillMaskModel, Prediction, Progress, Query, TextPredictions
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Seconds a model spends, as a real one would: a pass, per padded token, per decoded token."""
+
+    per_pass: float = 0.0
+    per_padded_token: float = 0.0
+    per_prediction_token: float = 0.0
 
 
 class EchoModel:
-    """A pure-Python model: its one prediction names the text's token ids, so answers are checkable."""
+    """A pure-Python model: its one prediction names the text's token ids, so answers are checkable.
+
+    With ``costs``, it takes the time a real model would, in the same two phases: the forward
+    pass, then each text's post-processing (skipped for a text nobody waits for).
+    """
 
     name = "echo"
     mask_token = "[MASK]"
     max_tokens = 512
+
+    def __init__(self, costs: Costs = Costs(), word: str = "echo") -> None:
+        self.costs = costs
+        # Every prediction's token_str and, when not the default, its sequence too.
+        self.word = word
 
     def encode(self, text: str) -> tuple[int, ...]:
         # One token per word, plus [CLS]/[SEP]; "[MASK]" is token 4 as in BERT.
@@ -31,14 +59,26 @@ class EchoModel:
     def resolve_targets(self, targets: Sequence[str]) -> tuple[int, ...]:
         return tuple(dict.fromkeys(1000 + len(t) for t in targets if t.strip()))
 
-    def predict(self, queries: Sequence[Query]) -> list[TextPredictions]:
-        return [
-            [
-                [Prediction(score=1.0, token=sum(q.input_ids), token_str="echo", sequence=str(q.input_ids))]
-                for _ in range(self.count_masks(q.input_ids))
-            ]
-            for q in queries
-        ]
+    def prediction_bytes(self, input_ids: Sequence[int]) -> int:
+        # The sequence is str(input_ids): at most 8 characters a token, plus the keys and score.
+        return 128 + 8 * len(input_ids)
+
+    def predict(self, queries: Sequence[Query], progress: Progress | None = None) -> list[TextPredictions]:
+        costs = self.costs
+        padded = len(queries) * max((q.n_tokens for q in queries), default=0)
+        time.sleep(costs.per_pass + costs.per_padded_token * padded)
+        if progress is not None:
+            progress.forward_done()
+        answers: list[TextPredictions] = []
+        for i, q in enumerate(queries):
+            if progress is not None and not progress.wanted(i):
+                answers.append([])
+                continue
+            time.sleep(costs.per_prediction_token * q.predictions * q.n_tokens)
+            sequence = str(q.input_ids) if self.word == "echo" else self.word
+            prediction = Prediction(score=1.0, token=sum(q.input_ids), token_str=self.word, sequence=sequence)
+            answers.append([[prediction] for _ in range(self.count_masks(q.input_ids))])
+        return answers
 
 
 class ControlledModel:
@@ -55,9 +95,13 @@ class ControlledModel:
         self.entered = threading.Event()  # set when a pass starts (and waits at the gate)
         self.poisoned: set[tuple[int, ...]] = set()
         self.fail_all = False
+        # Raised by encode: an unexpected failure before anything is queued.
+        self.encode_error: Exception | None = None
         self.on_predict: Callable[[Sequence[Query]], None] | None = None
 
     def encode(self, text: str) -> tuple[int, ...]:
+        if self.encode_error is not None:
+            raise self.encode_error
         return self.inner.encode(text)
 
     def count_masks(self, input_ids: Sequence[int]) -> int:
@@ -65,6 +109,9 @@ class ControlledModel:
 
     def resolve_targets(self, targets: Sequence[str]) -> tuple[int, ...]:
         return self.inner.resolve_targets(targets)
+
+    def prediction_bytes(self, input_ids: Sequence[int]) -> int:
+        return self.inner.prediction_bytes(input_ids)
 
     def hold(self) -> None:
         """Make the next forward passes wait until :meth:`release`."""
@@ -74,7 +121,7 @@ class ControlledModel:
     def release(self) -> None:
         self.gate.set()
 
-    def predict(self, queries: Sequence[Query]) -> list[TextPredictions]:
+    def predict(self, queries: Sequence[Query], progress: Progress | None = None) -> list[TextPredictions]:
         self.batches.append([q.input_ids for q in queries])
         self.entered.set()
         if not self.gate.wait(timeout=30):
@@ -83,7 +130,7 @@ class ControlledModel:
             raise RuntimeError("injected fault for every input")
         if any(q.input_ids in self.poisoned for q in queries):
             raise RuntimeError("injected fault: poisoned input in this batch")
-        return self.inner.predict(queries)
+        return self.inner.predict(queries, progress)
 
     def batch_sizes(self) -> list[int]:
         return [len(b) for b in self.batches]
@@ -101,3 +148,38 @@ async def wait_for_depth(batcher: Batcher, depth: int) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"the queue never reached {depth} texts (it holds {batcher.depth})")
+
+
+@dataclass
+class Held:
+    """A forward pass held at the model's gate, and the requests queued behind it."""
+
+    busy: asyncio.Task[ClientResponse]
+    queued: list[asyncio.Task[ClientResponse]]
+
+    async def statuses(self) -> list[int]:
+        """Every one's status, the held request's first (once the model is released)."""
+        return [response.status for response in await asyncio.gather(self.busy, *self.queued)]
+
+
+@contextlib.asynccontextmanager
+async def holding(
+    client: TestClient[web.Request, web.Application],
+    model: ControlledModel,
+    queued: Sequence[str] = (),
+    *,
+    first: str = "a [MASK]",
+    first_headers: Mapping[str, str] | None = None,
+) -> AsyncIterator[Held]:
+    """The set-up of every overload test: ``first`` runs and is held inside its forward pass, then
+    each of ``queued`` is sent and waits in the queue behind it. The model is released on leaving,
+    whatever happened inside."""
+    model.hold()
+    try:
+        busy = asyncio.create_task(client.post("/", data=first, headers=first_headers))
+        await wait_until_entered(model)
+        waiting = [asyncio.create_task(client.post("/", data=text)) for text in queued]
+        await wait_for_depth(client.app[SERVICE_KEY].batcher, len(waiting))
+        yield Held(busy, waiting)
+    finally:
+        model.release()

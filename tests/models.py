@@ -1,7 +1,8 @@
 """Tiny random-weight masked LMs built on this machine, deterministically, never downloaded.
 
-FIELD.md §7: transformers 5 ignores tokenizer file paths given as keywords, so paths are passed
-positionally and each built tokenizer is checked for length and a round trip.
+transformers 5 ignores tokenizer file paths given as keywords (it builds a tokenizer of special
+tokens only, and every word becomes unknown), so paths are passed positionally and each built
+tokenizer is checked for length and a round trip.
 """
 
 from __future__ import annotations
@@ -212,7 +213,7 @@ def build_bert(folder: Path, *, seed: int = 0, with_head: bool = True) -> Path:
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(WORDS))
     vocab_file = folder / "vocab.txt"
     vocab_file.write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    tokenizer = BertTokenizerFast(str(vocab_file), do_lower_case=True)  # positional path: §7
+    tokenizer = BertTokenizerFast(str(vocab_file), do_lower_case=True)  # positional path: see the module docstring
     assert len(tokenizer) == len(vocab), "tokenizer built without its vocabulary"
     assert tokenizer.decode(tokenizer("paris is the capital")["input_ids"], skip_special_tokens=True) == (
         "paris is the capital"
@@ -242,7 +243,9 @@ def build_roberta(folder: Path, *, seed: int = 0) -> Path:
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(CORPUS + [" ".join(WORDS)], vocab_size=400, min_frequency=1, special_tokens=specials)
     bpe.save_model(str(folder))
-    tokenizer = RobertaTokenizerFast(str(folder / "vocab.json"), str(folder / "merges.txt"))  # positional: §7
+    tokenizer = RobertaTokenizerFast(
+        str(folder / "vocab.json"), str(folder / "merges.txt")
+    )  # positional: see the module docstring
     assert len(tokenizer) == len(json.loads((folder / "vocab.json").read_text(encoding="utf-8")))
     assert tokenizer.decode(tokenizer(" paris is the capital")["input_ids"], skip_special_tokens=True) == (
         " paris is the capital"

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from maskserve.batcher import Batcher, BatchLimits, BatchReport, CostModel, predict_isolating
+from maskserve.batcher import Batcher, BatchReport, CostModel, LinearCost, Work, predict_isolating
+from maskserve.engine import FillMaskEngine
 from maskserve.errors import DeadlineExceeded, InferenceFailed, Overloaded, ShuttingDown
 from maskserve.model_api import Query
+from maskserve.settings import Settings
 
 from .fakes import ControlledModel, EchoModel, wait_for_depth, wait_until_entered
 
@@ -23,7 +26,7 @@ def query(text: str, model: EchoModel | ControlledModel | None = None) -> Query:
 @contextlib.asynccontextmanager
 async def running(model: ControlledModel, **limits: float) -> AsyncIterator[Batcher]:
     executor = ThreadPoolExecutor(max_workers=1)
-    batcher = Batcher(model, executor, BatchLimits(**limits))  # type: ignore[arg-type]
+    batcher = Batcher(model, executor, Settings(**limits))  # type: ignore[arg-type]
     task = asyncio.create_task(batcher.run())
     try:
         yield batcher
@@ -321,3 +324,134 @@ async def test_a_report_names_each_requests_context_once_and_the_answers_their_p
     assert [r.number for r in reports] == [1, 2]
     assert reports[1].started_ns >= reports[0].started_ns > 0
     assert [a.batch_number for request in answers for a in request] == [1, 2, 2, 2]
+
+
+async def test_texts_of_a_request_answered_504_never_reach_the_model() -> None:
+    model = ControlledModel()
+    model.hold()
+    async with running(model, max_batch_size=2) as batcher:
+        texts = [query(f"{'w ' * i}[MASK]") for i in range(6)]
+        with pytest.raises(DeadlineExceeded):
+            # Its first two texts start at once and are held past the deadline; four wait.
+            await batcher.answer(texts, later(0.2))
+        model.release()
+        # The batcher is free again: a later request runs, alone.
+        await batcher.answer([query("after [MASK]")], later(5))
+    ran = [ids for batch in model.batches for ids in batch]
+    assert ran == [texts[0].input_ids, texts[1].input_ids, query("after [MASK]").input_ids], model.batches
+    assert batcher.drops.expired + batcher.drops.abandoned == 4
+
+
+class Halting:
+    """A Progress that stops wanting answers after ``allowed`` questions, and counts them."""
+
+    def __init__(self, allowed: int) -> None:
+        self.allowed = allowed
+        self.asked = 0
+        self.forward = False
+
+    def forward_done(self) -> None:
+        self.forward = True
+
+    def wanted(self, index: int) -> bool:
+        self.asked += 1
+        return self.asked <= self.allowed
+
+
+def test_the_engine_stops_post_processing_a_text_nobody_waits_for(default_engine: FillMaskEngine) -> None:
+    m = default_engine.mask_token
+    text = f"{m} and {m} and {m} are words ."
+    queries = [
+        Query(default_engine.encode(text), top_k=5, n_masks=3),
+        Query(default_engine.encode(f"a {m} ."), top_k=5),
+    ]
+    assert [len(r) for r in default_engine.predict(queries)] == [3, 1]
+    halting = Halting(allowed=2)  # the first text's first two masks, then nobody waits
+    assert default_engine.predict(queries, halting) == [[], []]
+    assert halting.forward and halting.asked == 4  # asked before each mask; no decoding after a no
+
+
+async def test_the_inference_thread_is_back_soon_after_a_deadline_passes_in_post_processing(
+    default_engine: FillMaskEngine,
+) -> None:
+    m = default_engine.mask_token
+    # Eight masks, each with 100 predictions that each decode about 500 tokens: most of this
+    # batch's time is post-processing, which stops at the next mask once the deadline passes.
+    ids = default_engine.encode(" ".join(["word"] * 490 + [m] * 8))
+    costly = [Query(ids, top_k=100, n_masks=8)]
+    executor = ThreadPoolExecutor(max_workers=1)
+    batcher = Batcher(default_engine, executor, Settings())
+    task = asyncio.create_task(batcher.run())
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await batcher.answer(costly, later(60))
+        whole = loop.time() - started
+        started = loop.time()
+        with pytest.raises(DeadlineExceeded):
+            await batcher.answer(costly, later(whole / 8))
+        while batcher.busy:
+            await asyncio.sleep(0.005)
+        freed = loop.time() - started
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        executor.shutdown(wait=True)
+    # Free again well before the whole batch would have run: at most a mask or two after its deadline.
+    assert freed < whole * 0.6, (freed, whole)
+    assert batcher.drops.expired == 1
+
+
+def test_the_cost_model_fits_post_processing_apart_from_the_forward_pass() -> None:
+    cost = CostModel()
+    for predictions, tokens in ((5, 10), (100, 500), (40, 64), (800, 512), (10, 200)) * 10:
+        post = predictions * 1e-5 + predictions * tokens * 1e-6
+        cost.observe(
+            BatchReport(
+                size=1,
+                real_tokens=tokens,
+                padded_tokens=tokens,
+                seconds=0.01 + post,
+                forward_seconds=0.01,
+                failed=0,
+                predictions=predictions,
+                prediction_tokens=predictions * tokens,
+            )
+        )
+    assert cost.post.coefficients() == pytest.approx((1e-5, 1e-6), rel=1e-3)
+    assert cost.coefficients() == pytest.approx((0.01, 0.0), abs=1e-6)
+    work = Work(texts=1, tokens=512, predictions=800, prediction_tokens=800 * 512)
+    assert cost.post_processing(work) == pytest.approx(800 * 1e-5 + 800 * 512 * 1e-6, rel=1e-3)
+
+
+async def test_warm_up_measures_both_costs_before_any_request() -> None:
+    model = ControlledModel()
+    async with running(model) as batcher:
+        assert batcher.stall_budget(1.0) == 1.0  # nothing measured: the floor
+        seconds = await batcher.warm_up(top_k=20)
+        assert seconds >= 0 and batcher.cost.forward.measured and batcher.cost.post.measured
+        assert batcher.calibrated_longest_s > 0
+        # Its passes are nobody's: no listener but the cost model heard of them.
+        assert batcher.batches_run == 0
+    assert max(len(ids) for batch in model.batches for ids in batch) == EchoModel.max_tokens
+
+
+def test_recent_traffic_all_alike_keeps_what_warm_up_measured_of_length() -> None:
+    rng = random.Random(1)
+
+    def real(predictions: int, tokens: float) -> float:
+        return 10e-6 * predictions + 1e-6 * predictions * tokens
+
+    cost = LinearCost()
+    for predictions, tokens in ((5, 8), (40, 64), (100, 512), (200, 128)):  # warm-up: lengths far apart
+        cost.observe(predictions, predictions * tokens, real(predictions, tokens))
+    cost.anchor()
+    for _ in range(300):  # then short sentences only, timed on a busy machine, with overheads
+        predictions, tokens = rng.randint(20, 160), rng.uniform(10, 25)
+        cost.observe(predictions, predictions * tokens, real(predictions, tokens) * rng.uniform(3, 8) + 0.002)
+    # What the costliest request's answer costs is still known within twice...
+    costly = real(2048, 512)
+    assert costly / 2 <= cost.predict(2048, 2048 * 512) <= costly * 2
+    # ...while the short sentences' own cost follows the busy machine.
+    assert cost.predict(80, 80 * 17) > 2 * real(80, 17)

@@ -18,7 +18,7 @@ import pytest
 from huggingface_hub import InferenceClient
 from huggingface_hub.errors import HfHubHTTPError
 
-from maskserve.keys import BATCHER_KEY, BREAKER_KEY
+from maskserve.keys import SERVICE_KEY
 
 from .conftest import ClientFactory
 from .fakes import ControlledModel, wait_for_depth, wait_until_entered
@@ -127,12 +127,12 @@ async def test_js_client_retries_503_at_once_unless_told_not_to(make_client: Cli
     busy = asyncio.create_task(client.post("/", data=PARIS))
     await wait_until_entered(model)
     queued = asyncio.create_task(client.post("/", data=PARIS))
-    await wait_for_depth(client.app[BATCHER_KEY], 1)
+    await wait_for_depth(client.app[SERVICE_KEY].batcher, 1)
     try:
         refused = await fill_mask_js(js_client, url, {"inputs": PARIS}, {"retry_on_error": False})
         assert refused["status"] == 503 and "at capacity" in refused["message"]
 
-        breaker = client.app[BREAKER_KEY]
+        breaker = client.app[SERVICE_KEY].admission
         before = breaker.refused["queue_full"]
         retrying = await asyncio.create_subprocess_exec(
             "node", "fill_mask.mjs", url, json.dumps({"inputs": PARIS}), "{}", cwd=js_client

@@ -3,42 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from typing import Any
 
 from maskserve.engine import FillMaskEngine
-from maskserve.keys import BATCHER_KEY
-from maskserve.model_api import Query, TextPredictions
+from maskserve.keys import SERVICE_KEY
 
 from .conftest import ClientFactory
+from .fakes import ControlledModel
 from .models import WORDS
 from .test_views import assert_same_answers, direct
 
 N_REQUESTS = 60
-
-
-class RecordingModel:
-    """The real engine, noting the size of every batch it is asked to run."""
-
-    def __init__(self, engine: FillMaskEngine) -> None:
-        self.engine = engine
-        self.name = engine.name
-        self.mask_token = engine.mask_token
-        self.max_tokens = engine.max_tokens
-        self.batch_sizes: list[int] = []
-
-    def encode(self, text: str) -> tuple[int, ...]:
-        return self.engine.encode(text)
-
-    def count_masks(self, input_ids: Sequence[int]) -> int:
-        return self.engine.count_masks(input_ids)
-
-    def resolve_targets(self, targets: Sequence[str]) -> tuple[int, ...]:
-        return self.engine.resolve_targets(targets)
-
-    def predict(self, queries: Sequence[Query]) -> list[TextPredictions]:
-        self.batch_sizes.append(len(queries))  # only the inference thread appends
-        return self.engine.predict(queries)
 
 
 def sentence(i: int) -> str:
@@ -52,7 +27,7 @@ def sentence(i: int) -> str:
 async def test_simultaneous_requests_each_get_their_own_answer_in_shared_batches(
     make_client: ClientFactory, bert_engine: FillMaskEngine
 ) -> None:
-    model = RecordingModel(bert_engine)
+    model = ControlledModel(bert_engine)
     client = await make_client(engine=model)
     texts = [sentence(i) for i in range(N_REQUESTS)]
     assert len(set(texts)) == N_REQUESTS
@@ -80,8 +55,8 @@ async def test_simultaneous_requests_each_get_their_own_answer_in_shared_batches
         top_k = 5 if i % 2 else 1 + i % 7
         assert_same_answers(body, direct(bert_engine, texts[i], top_k)[0])
 
-    batcher = client.app[BATCHER_KEY]
-    assert sum(model.batch_sizes) >= N_REQUESTS  # a split retry would only add to it
-    assert max(model.batch_sizes) > 1, model.batch_sizes
+    batcher = client.app[SERVICE_KEY].batcher
+    assert sum(model.batch_sizes()) >= N_REQUESTS  # a split retry would only add to it
+    assert max(model.batch_sizes()) > 1, model.batch_sizes
     assert batcher.batches_run < N_REQUESTS
     assert any(int(headers["X-Batch-Size"]) > 1 for _, _, headers in results[:-1])

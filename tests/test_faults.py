@@ -4,18 +4,15 @@ that hangs, a model that cannot load. The server answers cleanly, stays up, and 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import socket
-import subprocess
-import sys
+from pathlib import Path
 
 from maskserve.engine import FillMaskEngine
-from maskserve.keys import BATCHER_KEY
+from maskserve.keys import SERVICE_KEY
 
 from .conftest import ClientFactory
 from .fakes import ControlledModel, wait_for_depth, wait_until_entered
-from .live_server import free_port
+from .live_server import start_maskserve
 
 LEAKS = ("Traceback", "RuntimeError", "injected fault", 'File "', ".py")
 
@@ -40,7 +37,7 @@ async def test_a_poisoned_input_fails_alone_and_its_batch_neighbours_are_answere
     first = asyncio.create_task(client.post("/", data="warm [MASK]."))
     await wait_until_entered(model)
     requests = [asyncio.create_task(client.post("/", data=text)) for text in [*texts[:3], poisoned, *texts[3:]]]
-    await wait_for_depth(client.app[BATCHER_KEY], 8)
+    await wait_for_depth(client.app[SERVICE_KEY].batcher, 8)
     model.release()
     responses = await asyncio.gather(first, *requests)
     statuses = [r.status for r in responses]
@@ -99,26 +96,17 @@ async def test_a_hung_forward_pass_answers_504_fails_the_probes_and_recovers_whe
     assert (await client.post("/", data="after [MASK]")).status == 200
 
 
-def test_a_model_that_cannot_load_exits_non_zero_clearly_and_never_listens() -> None:
-    port = free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "maskserve", "--model", "/nonexistent/model", "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        text=True,
-    )
+def test_a_model_that_cannot_load_exits_non_zero_clearly_and_never_listens(tmp_path: Path) -> None:
+    server = start_maskserve("--model", "/nonexistent/model", log_path=tmp_path / "server.log")
     try:
-        out, err = server.communicate(timeout=120)
+        exit_code = server.wait(120)
     finally:
-        if server.poll() is None:
-            server.send_signal(signal.SIGKILL)
-            server.wait()
-    assert server.returncode == 1
-    output = out + err
+        server.kill()
+    assert exit_code == 1
+    output = server.log()
     assert "/nonexistent/model" in output and "cannot start" in output
     assert "Traceback" not in output
+    port = server.port
     # Nothing half-started: the port was never bound.
     with socket.socket() as sock:
         assert sock.connect_ex(("127.0.0.1", port)) != 0

@@ -1,4 +1,4 @@
-"""/livez and /readyz: honest under a stuck forward pass, a deep queue, a drain; never queued or shed."""
+"""/livez and /readyz: honest under a stuck batch, a deep queue, a drain; never queued or shed; never load."""
 
 from __future__ import annotations
 
@@ -6,15 +6,16 @@ import asyncio
 import contextlib
 from typing import Any
 
+import pytest
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient
 
 from maskserve.batcher import BatchReport
 from maskserve.health import liveness, readiness
-from maskserve.keys import BATCH_LOOP_KEY, BATCHER_KEY, LIFECYCLE_KEY
+from maskserve.keys import SERVICE_KEY
 
 from .conftest import ClientFactory
-from .fakes import ControlledModel, wait_for_depth, wait_until_entered
+from .fakes import ControlledModel, holding, wait_until_entered
 
 Client = TestClient[web.Request, web.Application]
 
@@ -38,7 +39,8 @@ async def test_idle_server_is_live_and_ready(make_client: ClientFactory) -> None
     status, body = await probe(client, "/readyz")
     assert (status, body["status"], body["problems"]) == (200, "ok", [])
     assert body["queue_depth"] == 0
-    assert body["request_timeout_s"] == 30.0
+    status, body = await probe(client, "/livez")
+    assert body["stall_budget_s"] == 10.0  # unmeasured (no warm-up): the floor, --stall-timeout
 
 
 async def test_operability_endpoints_never_run_the_model(make_client: ClientFactory) -> None:
@@ -61,7 +63,7 @@ async def test_stuck_forward_pass_turns_livez_503_and_recovers_when_it_ends(make
         status, body = await probe(client, "/livez")
         assert status == 503
         assert problem_codes(body) == ["stalled"]
-        assert "--stall-timeout" in body["problems"][0]["message"]
+        assert "--stall-timeout 0.05s" in body["problems"][0]["message"]
         assert body["busy"] is True and body["busy_for_s"] > 0.05
         status, body = await probe(client, "/readyz")
         assert status == 503
@@ -74,7 +76,7 @@ async def test_stuck_forward_pass_turns_livez_503_and_recovers_when_it_ends(make
 
 async def test_busy_server_within_its_stall_budget_is_live(make_client: ClientFactory) -> None:
     model = ControlledModel()
-    client = await make_client(engine=model)  # default budget: 60 s
+    client = await make_client(engine=model)  # default floor: 10 s
     model.hold()
     try:
         busy = asyncio.create_task(client.post("/", data="a [MASK]"))
@@ -87,31 +89,52 @@ async def test_busy_server_within_its_stall_budget_is_live(make_client: ClientFa
     assert (await busy).status == 200
 
 
-async def test_full_queue_turns_readyz_503_while_livez_stays_200(make_client: ClientFactory) -> None:
+async def test_the_stall_budget_grows_with_the_longest_batch_the_limits_admit(make_client: ClientFactory) -> None:
     model = ControlledModel()
-    client = await make_client(engine=model, max_queue=2)
+    client = await make_client(engine=model, stall_timeout=0.05, max_batch_tokens=1000)
+    batcher = client.app[SERVICE_KEY].batcher
+    # Measured: a pass costs 0.02 s plus 0.1 ms a token, so a full budget of 1000 tokens takes
+    # 0.12 s, and four times that is the budget, far above the 0.05 s floor.
+    for tokens in (100, 200, 400):
+        seconds = 0.02 + tokens * 1e-4
+        batcher.cost.observe(BatchReport(size=1, real_tokens=tokens, padded_tokens=tokens, seconds=seconds, failed=0))
+    assert batcher.stall_budget(0.05) == pytest.approx(4 * 0.12, rel=0.05)
     model.hold()
     try:
         busy = asyncio.create_task(client.post("/", data="a [MASK]"))
         await wait_until_entered(model)
-        queued = [asyncio.create_task(client.post("/", data=f"b{i} [MASK]")) for i in range(2)]
-        await wait_for_depth(client.app[BATCHER_KEY], 2)
-        status, body = await probe(client, "/readyz")
-        assert status == 503
-        assert problem_codes(body) == ["queue_full"]
-        assert (body["queue_depth"], body["max_queue"]) == (2, 2)
-        assert (await probe(client, "/livez"))[0] == 200
-        # Probes, metrics and info are never shed, even while inference requests are.
-        assert (await client.post("/", data="c [MASK]")).status == 503
-        assert (await client.get("/metrics")).status == 200
-        assert (await client.get("/info")).status == 200
+        await asyncio.sleep(0.2)  # past the floor, within the derived budget
+        status, body = await probe(client, "/livez")
+        assert status == 200, body
+        assert body["stall_budget_s"] == pytest.approx(0.48, rel=0.05)
+        await asyncio.sleep(0.4)  # past the derived budget too
+        status, body = await probe(client, "/livez")
+        assert status == 503 and problem_codes(body) == ["stalled"]
     finally:
         model.release()
-    assert [r.status for r in await asyncio.gather(busy, *queued)] == [200, 200, 200]
+    assert (await busy).status == 200
+
+
+async def test_a_full_queue_keeps_readyz_200_while_requests_are_refused_503(make_client: ClientFactory) -> None:
+    model = ControlledModel()
+    client = await make_client(engine=model, max_queue=2, max_inputs=2)
+    async with holding(client, model, queued=["b0 [MASK]", "b1 [MASK]"]) as held:
+        # Load is no part of readiness: the replica stays in its Service, and clients get the
+        # 503 with Retry-After, not a refused connection.
+        status, body = await probe(client, "/readyz")
+        assert status == 200 and problem_codes(body) == []
+        assert (body["queue_depth"], body["max_queue"]) == (2, 2)
+        assert (await probe(client, "/livez"))[0] == 200
+        refused = await client.post("/", data="c [MASK]")
+        assert refused.status == 503 and "Retry-After" in refused.headers
+        # Probes, metrics and info are never shed, even while inference requests are.
+        assert (await client.get("/metrics")).status == 200
+        assert (await client.get("/info")).status == 200
+    assert await held.statuses() == [200, 200, 200]
     assert (await probe(client, "/readyz"))[0] == 200
 
 
-async def test_readyz_turns_503_once_the_predicted_wait_exceeds_the_default_deadline(
+async def test_a_predicted_wait_past_the_deadline_is_refused_at_the_door_and_readyz_stays_200(
     make_client: ClientFactory,
 ) -> None:
     model = ControlledModel()
@@ -121,17 +144,14 @@ async def test_readyz_turns_503_once_the_predicted_wait_exceeds_the_default_dead
     # flight, about 8 + 8 = 16 s: beyond it.
     for tokens in (100, 200):
         report = BatchReport(size=10, real_tokens=tokens, padded_tokens=tokens, seconds=8.0, failed=0)
-        client.app[BATCHER_KEY].cost.observe(report)
+        client.app[SERVICE_KEY].batcher.cost.observe(report)
     assert (await probe(client, "/readyz"))[0] == 200
     model.hold()
     try:
         slow = asyncio.create_task(client.post("/", data="a [MASK]"))
         await wait_until_entered(model)
         status, body = await probe(client, "/readyz")
-        assert status == 503
-        assert problem_codes(body) == ["predicted_timeout"]
-        assert body["predicted_wait_s"] > 10.0
-        # Exactly when the breaker starts refusing requests with the default deadline.
+        assert status == 200 and body["predicted_wait_s"] > 10.0
         refused = await client.post("/", data="b [MASK]")
         assert refused.status == 503
         assert (await refused.json())["error_type"] == "overloaded"
@@ -142,7 +162,7 @@ async def test_readyz_turns_503_once_the_predicted_wait_exceeds_the_default_dead
 
 async def test_draining_server_is_live_but_not_ready(make_client: ClientFactory) -> None:
     client = await make_client()
-    client.app[BATCHER_KEY].close()
+    client.app[SERVICE_KEY].batcher.close()
     status, body = await probe(client, "/readyz")
     assert status == 503
     assert problem_codes(body) == ["draining"]
@@ -151,7 +171,7 @@ async def test_draining_server_is_live_but_not_ready(make_client: ClientFactory)
 
 async def test_in_the_drain_delay_readyz_fails_while_requests_are_still_answered(make_client: ClientFactory) -> None:
     client = await make_client()
-    client.app[LIFECYCLE_KEY].start_draining()  # what the first SIGTERM does (serve.StopSignals)
+    client.app[SERVICE_KEY].lifecycle.start_draining()  # what the first SIGTERM does (serve.StopSignals)
     status, body = await probe(client, "/readyz")
     assert status == 503
     assert problem_codes(body) == ["draining"]
@@ -163,7 +183,7 @@ async def test_in_the_drain_delay_readyz_fails_while_requests_are_still_answered
 
 async def test_dead_batch_loop_turns_livez_503(make_client: ClientFactory) -> None:
     client = await make_client()
-    loop_task = client.app[BATCH_LOOP_KEY]
+    loop_task = client.app[SERVICE_KEY].loaded.batch_loop  # type: ignore[union-attr]
     loop_task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await loop_task
@@ -173,9 +193,9 @@ async def test_dead_batch_loop_turns_livez_503(make_client: ClientFactory) -> No
 
 
 def test_readiness_before_the_model_is_loaded_says_loading() -> None:
-    live = liveness(None, None, stall_timeout=60.0)
+    live = liveness(None, None, stall_floor=60.0)
     assert live.ok
-    ready = readiness(None, live, request_timeout=30.0)
+    ready = readiness(None, live)
     assert not ready.ok
     assert [p.code for p in ready.problems] == ["loading"]
     assert ready.body()["status"] == "unavailable"

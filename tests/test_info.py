@@ -4,35 +4,46 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 import transformers
 
 import maskserve
-from maskserve.engine import FillMaskEngine
+from maskserve.engine import load_engine
 from maskserve.engine.cpu import describe_features
 
 from .conftest import ClientFactory
 from .fakes import ControlledModel, EchoModel
 
 
-async def test_info_describes_model_runtime_settings_and_versions(
-    make_client: ClientFactory, bert_engine: FillMaskEngine
-) -> None:
-    client = await make_client(
-        max_batch_size=7, max_queue=11, request_timeout=2.5, stall_timeout=45.0, model_name="support-bert"
-    )
-    response = await client.get("/info")
+async def test_info_describes_model_runtime_settings_and_versions(make_client: ClientFactory, bert_dir: Path) -> None:
+    before = torch.get_num_threads()
+    engine = load_engine(str(bert_dir), threads=3)
+    # Another engine in the process sets torch's process-wide count: /info still tells this one's.
+    torch.set_num_threads(1)
+    try:
+        client = await make_client(
+            engine=engine,
+            max_batch_size=7,
+            max_queue=11,
+            request_timeout=2.5,
+            stall_timeout=45.0,
+            model_name="support-bert",
+        )
+        response = await client.get("/info")
+    finally:
+        torch.set_num_threads(before)
     assert response.status == 200
     info = await response.json()
     model = info["model"]
     assert model["mask_token"] == "[MASK]"
     assert model["architecture"] == "BertForMaskedLM"
     assert model["name"] == "support-bert"  # --model-name: what clients call it
-    assert model["source"] == bert_engine.name  # where it came from: a local folder, given by path
+    assert model["source"] == str(bert_dir)  # where it came from: a local folder, given by path
     assert (model["device"], model["dtype"]) == ("cpu", "float32")
     assert (model["precision"], model["cpu_matrix_features"]) == ("float32", describe_features())
-    assert model["torch_threads"] == torch.get_num_threads()
+    assert model["torch_threads"] == 3
     assert model["load_seconds"] > 0
     assert model["quantize"] == "none"
     assert model["backend"] == "torch" and model["export_path"] is None

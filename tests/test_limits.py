@@ -9,6 +9,9 @@ from typing import Any
 import pytest
 from aiohttp import ClientResponse
 
+from maskserve.batcher import BatchReport
+from maskserve.keys import SERVICE_KEY
+
 from .conftest import ClientFactory
 from .fakes import ControlledModel, EchoModel
 from .middleware.test_errors import DETAIL_KEYS
@@ -27,7 +30,7 @@ async def test_a_body_over_max_body_bytes_is_413(make_client: ClientFactory) -> 
     client = await make_client(engine=EchoModel(), max_body_bytes=1000)
     error = await error_of(await client.post("/", data=b"a [MASK] " * 200), 413)
     assert error["error_type"] == "payload_too_large"
-    assert (await client.post("/", data=b"a [MASK] " * 100)).status == 200
+    assert (await client.post("/", data=b"a " * 450 + b"[MASK]")).status == 200
 
 
 async def test_a_text_over_max_text_chars_is_422_text_too_long(make_client: ClientFactory) -> None:
@@ -175,3 +178,74 @@ async def test_path_traversal_and_unknown_files_are_404_in_the_error_shape(
 async def test_the_static_files_that_exist_are_served(make_client: ClientFactory) -> None:
     client = await make_client(engine=EchoModel())
     assert (await client.get("/static/demo.css")).status == 200
+
+
+# Each limit on what a request's answer costs, with a request just over it and one at it; every
+# refusal comes before the model runs anything.
+COST_LIMITS = [
+    pytest.param(
+        {"max_masks_per_text": 3},
+        {"inputs": ["[MASK] " * 4]},
+        {"inputs": ["[MASK] " * 3]},
+        "too_many_masks",
+        "inputs",
+        id="masks_per_text",
+    ),
+    pytest.param(
+        {"max_predictions": 12},
+        {"inputs": ["a [MASK] [MASK]", "b [MASK]"], "parameters": {"top_k": 5}},
+        {"inputs": ["a [MASK] [MASK]", "b [MASK]"], "parameters": {"top_k": 4}},
+        "too_many_predictions",
+        None,
+        id="predictions",
+    ),
+    pytest.param(
+        # EchoModel's bound: 128 bytes and 8 a token per prediction; this text has 103 tokens, and
+        # the list around the answer adds 4 bytes.
+        {"max_response_bytes": 10 * (128 + 8 * 103) + 4},
+        {"inputs": ["w " * 100 + "[MASK]"], "parameters": {"top_k": 11}},
+        {"inputs": ["w " * 100 + "[MASK]"], "parameters": {"top_k": 10}},
+        "response_too_large",
+        None,
+        id="response_bytes",
+    ),
+]
+
+
+@pytest.mark.parametrize(("limit", "over", "at", "kind", "field"), COST_LIMITS)
+async def test_a_request_over_a_cost_limit_is_422_before_any_model_work(
+    make_client: ClientFactory,
+    limit: dict[str, int],
+    over: dict[str, Any],
+    at: dict[str, Any],
+    kind: str,
+    field: str | None,
+) -> None:
+    model = ControlledModel()
+    client = await make_client(engine=model, **limit)
+    error = await error_of(await client.post("/", json=over), 422)
+    assert error["error_type"] == kind
+    assert str(next(iter(limit.values()))) in error["error"]  # the message names the limit
+    assert error.get("field") == field
+    assert model.batches == []
+    assert (await client.post("/", json=at)).status == 200
+
+
+async def test_a_request_that_could_never_finish_in_time_is_422_and_a_shorter_deadline_504(
+    make_client: ClientFactory,
+) -> None:
+    model = ControlledModel()
+    client = await make_client(engine=model, request_timeout=10.0)
+    batcher = client.app[SERVICE_KEY].batcher
+    # Measured: a pass takes 0.1 s plus 10 ms a token.
+    for tokens in (10, 20, 40):
+        report = BatchReport(size=1, real_tokens=tokens, padded_tokens=tokens, seconds=0.1 + tokens * 0.01, failed=0)
+        batcher.cost.observe(report)
+    long_texts = ["w " * 298 + "[MASK]"] * 4  # 1200 tokens, about 12 s alone: over the server's 10 s
+    error = await error_of(await client.post("/", json={"inputs": long_texts}), 422)
+    assert error["error_type"] == "request_too_costly" and "fewer or shorter" in error["error"]
+    medium = "w " * 300 + "[MASK]"  # about 3 s: fine for the server, not within the client's 1 s
+    response = await client.post("/", data=medium, headers={"X-Request-Timeout": "1"})
+    assert (await error_of(response, 504))["error_type"] == "timeout"
+    assert model.batches == []
+    assert (await client.post("/", data=medium)).status == 200

@@ -12,8 +12,6 @@ import asyncio
 import json
 import os
 import random
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,7 +19,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from .live_server import free_port, stop_server
+from .live_server import start_maskserve, wait_until_ready
 
 TIMEOUT_S = 2.0
 CLIENTS = 96
@@ -41,50 +39,24 @@ def sentences(seed: int = 5) -> list[str]:
     return out
 
 
-async def wait_ready(session: aiohttp.ClientSession, url: str, server: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            async with session.post(url, data="the [MASK] is red.") as response:
-                if response.status == 200:
-                    return
-        except aiohttp.ClientConnectionError:
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise
-        await asyncio.sleep(0.2)
-
-
 @pytest.mark.slow
-async def test_flood_of_several_times_capacity_sheds_cleanly_and_keeps_serving() -> None:
-    port = free_port()
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "maskserve",
-            "--port",
-            str(port),
-            "--max-queue",
-            "32",
-            "--request-timeout",
-            str(TIMEOUT_S),
-            "--log-level",
-            "warning",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+async def test_flood_of_several_times_capacity_sheds_cleanly_and_keeps_serving(tmp_path: Path) -> None:
+    server = start_maskserve(
+        *("--max-queue", "32", "--max-inputs", "32", "--request-timeout", str(TIMEOUT_S), "--log-level", "warning"),
+        log_path=tmp_path / "load.log",
     )
-    url = f"http://127.0.0.1:{port}/"
+    url = server.url + "/"
     texts = sentences()
     statuses: Counter[int] = Counter()
     missing_retry_after = 0
     latencies_ok: list[float] = []
     probe_ms: list[float] = []
+    ready_probes: list[int] = []
     sent = 0
     started = time.monotonic()
     try:
+        await asyncio.to_thread(wait_until_ready, server)
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-            await wait_ready(session, url, server)
             stop_at = time.monotonic() + TIME_CAP_S
 
             async def client(index: int) -> None:
@@ -113,6 +85,10 @@ async def test_flood_of_several_times_capacity_sheds_cleanly_and_keeps_serving()
                         await response.read()
                         assert response.status < 500
                     probe_ms.append((time.monotonic() - t0) * 1000)
+                    # Overloaded is not unready: the flood never takes it out of a balancer.
+                    async with session.get(url + "readyz") as response:
+                        assert response.status == 200, await response.text()
+                        ready_probes.append(response.status)
                     await asyncio.sleep(0.5)
 
             await asyncio.gather(*(client(i) for i in range(CLIENTS)), probe())
@@ -120,9 +96,9 @@ async def test_flood_of_several_times_capacity_sheds_cleanly_and_keeps_serving()
             # The process survived and serves a normal request normally.
             async with session.post(url, data="paris is the [MASK] of france.") as response:
                 assert response.status == 200
-        assert server.poll() is None
+        assert server.running
     finally:
-        stop_server(server)
+        server.stop()
 
     assert set(statuses) <= {200, 503, 504}, statuses
     assert statuses[200] > 0 and statuses[503] > 0, statuses  # it really was overloaded
@@ -131,6 +107,7 @@ async def test_flood_of_several_times_capacity_sheds_cleanly_and_keeps_serving()
     p99 = latencies_ok[int(0.99 * (len(latencies_ok) - 1))]
     assert p99 <= TIMEOUT_S, p99
     assert probe_ms, "the event loop answered no GET during the flood"
+    assert ready_probes and set(ready_probes) == {200}
     figures = {
         "requests": sum(statuses.values()),
         "seconds": round(elapsed, 1),

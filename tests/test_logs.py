@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from maskserve.app import create_app
 from maskserve.engine import FillMaskEngine
-from maskserve.keys import BATCHER_KEY
+from maskserve.keys import SERVICE_KEY
 from maskserve.logs import AccessLogger, configure_logging
 from maskserve.model_api import FillMaskModel
 from maskserve.settings import Settings
@@ -91,7 +91,7 @@ async def test_failed_probe_is_logged_with_its_kind(
 ) -> None:
     caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
     client = await served()
-    client.app[BATCHER_KEY].close()  # draining: not ready
+    client.app[SERVICE_KEY].batcher.close()  # draining: not ready
     assert (await client.get("/readyz")).status == 503
     (line,) = await access_records(caplog, 1)
     assert access_fields(line)[1:] == (503, "not_ready")
@@ -136,3 +136,35 @@ def test_log_level_comes_from_the_settings() -> None:
     configure_logging(Settings(log_level="warning").log_level, json_lines=False)
     assert logging.getLogger().level == logging.WARNING
     assert len(logging.getLogger().handlers) == 1
+
+
+async def stderr_lines_until(capsys: pytest.CaptureFixture[str], needle: str) -> list[str]:
+    """stderr's lines until one holds ``needle``: the access line comes after the response."""
+    lines: list[str] = []
+    for _ in range(200):
+        lines += capsys.readouterr().err.splitlines()
+        if any(needle in line for line in lines):
+            return lines
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no log line holds {needle!r}: {lines}")
+
+
+@pytest.mark.usefixtures("restore_root_logger")
+@pytest.mark.parametrize("json_lines", [False, True], ids=["plain", "json"])
+async def test_a_path_with_cr_lf_writes_one_log_line(
+    capsys: pytest.CaptureFixture[str], served: Callable[..., Any], json_lines: bool
+) -> None:
+    configure_logging("info", json_lines=json_lines)
+    client = await served()
+    # Percent-encoded in the request line, as HTTP demands; aiohttp hands handlers the decoded
+    # path, which holds a real CR LF and a line separator.
+    forged = "/x%0D%0A2026-12-03 00:00:00,000 INFO maskserve.access: forged 200 ok%E2%80%A8more%7F"
+    assert (await client.get(forged, headers={"X-Request-Id": "req-forge-1"})).status == 404
+    lines = await stderr_lines_until(capsys, "req-forge-1")
+    access = [line for line in lines if "req-forge-1" in line]
+    assert len(access) == 1, lines
+    assert not any(line.startswith("2026-12-03 00:00:00") or '"forged' in line for line in lines), lines
+    if json_lines:
+        assert json.loads(access[0])["path"].startswith("/x\\x0d\\x0a2026-12-03")
+    else:
+        assert "/x\\x0d\\x0a2026-12-03 00:00:00,000 INFO maskserve.access: forged 200 ok\\u2028more\\x7f" in access[0]

@@ -15,11 +15,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from maskserve.batcher import BatchReport
 from maskserve.engine import FillMaskEngine
-from maskserve.keys import BATCHER_KEY
+from maskserve.keys import SERVICE_KEY
 from maskserve.metrics import Metrics
 
 from .conftest import ClientFactory
-from .fakes import ControlledModel, wait_for_depth, wait_until_entered
+from .fakes import ControlledModel, holding, wait_for_depth, wait_until_entered
 
 Client = TestClient[web.Request, web.Application]
 # (sample name, sorted label pairs) -> value
@@ -68,7 +68,22 @@ async def test_idle_exposition_declares_every_metric_with_its_type(make_client: 
         "maskserve_inference_in_flight_seconds": "gauge",
         "maskserve_model_load_seconds": "gauge",
         "maskserve_model_info": "gauge",  # an Info metric: its labels describe the model
+        "maskserve_ready": "gauge",
+        "process_start_time_seconds": "gauge",
     }.items() <= families.items()
+
+
+async def test_the_ready_gauge_follows_readyz_and_never_load(make_client: ClientFactory) -> None:
+    model = ControlledModel()
+    client = await make_client(engine=model, max_queue=1, max_inputs=1)
+    assert value(await scrape(client), "maskserve_ready") == 1
+    async with holding(client, model, queued=["b [MASK]"]) as held:
+        assert (await client.post("/", data="c [MASK]")).status == 503  # shedding...
+        assert value(await scrape(client), "maskserve_ready") == 1  # ...is not unready
+        client.app[SERVICE_KEY].lifecycle.start_draining()
+        assert value(await scrape(client), "maskserve_ready") == 0
+        assert (await client.get("/readyz")).status == 503  # the same verdict
+    assert await held.statuses() == [200, 200]
 
 
 async def test_traffic_moves_request_queue_batch_and_busy_metrics(make_client: ClientFactory) -> None:
@@ -130,7 +145,7 @@ async def test_each_app_counts_only_its_own_traffic(make_client: ClientFactory) 
 async def test_expired_abandoned_and_refused_requests_are_counted(make_client: ClientFactory) -> None:
     model = ControlledModel()
     client = await make_client(engine=model, max_queue=3)
-    batcher = client.app[BATCHER_KEY]
+    batcher = client.app[SERVICE_KEY].batcher
     model.hold()
     try:
         busy = asyncio.create_task(client.post("/", data="a [MASK]"))
@@ -197,7 +212,8 @@ async def test_every_exported_metric_is_documented_in_the_readme(make_client: Cl
     response = await client.get("/metrics")
     exported = set()
     for family in text_string_to_metric_families(await response.text()):
-        if family.name.endswith("_created"):
-            continue  # prometheus_client's creation timestamps, not metrics of ours
+        if family.name.endswith("_created") or family.name.startswith("process_"):
+            continue  # prometheus_client's creation timestamps and process figures, not metrics of ours
         exported.add(family.name + "_total" if family.type == "counter" else family.name)
     assert exported == documented
+    assert "`process_*`" in section  # documented as a family

@@ -10,14 +10,15 @@ import struct
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import jsonschema
 import numpy as np
 import pytest
 import tritonclient.http as triton
-from aiohttp import web
+from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient
 from tritonclient.utils import InferenceServerException
 
-from maskserve.keys import BATCHER_KEY, LIFECYCLE_KEY
+from maskserve.keys import SERVICE_KEY
 
 from .conftest import ClientFactory
 from .fakes import ControlledModel, wait_for_depth, wait_until_entered
@@ -203,7 +204,7 @@ async def test_broken_binary_framing_is_a_clear_4xx(make_client: ClientFactory) 
 async def test_v2_health_follows_readyz_and_livez(make_client: ClientFactory) -> None:
     client = await make_client()
     assert (await client.get("/v2/health/ready")).status == 200
-    client.app[LIFECYCLE_KEY].start_draining()
+    client.app[SERVICE_KEY].lifecycle.start_draining()
     ready = await client.get("/v2/health/ready")
     assert ready.status == 400  # the protocol's 4xx for "not ready"
     assert [p["code"] for p in (await ready.json())["problems"]] == ["draining"]
@@ -221,7 +222,7 @@ async def test_infer_is_shed_by_the_breaker_and_probes_need_no_key(make_client: 
     busy = asyncio.create_task(client.post(url, json=body, headers=auth))
     await wait_until_entered(model)
     queued = asyncio.create_task(client.post(url, json=body, headers=auth))
-    await wait_for_depth(client.app[BATCHER_KEY], 1)
+    await wait_for_depth(client.app[SERVICE_KEY].batcher, 1)
     refused = await client.post(url, json=body, headers=auth)
     await error_of(refused, 503, "overloaded")
     for probe in ("/v2/health/live", "/v2/health/ready", "/v2/models/maskserve/ready"):
@@ -229,3 +230,146 @@ async def test_infer_is_shed_by_the_breaker_and_probes_need_no_key(make_client: 
     assert (await client.get("/v2/models/maskserve")).status == 401
     model.release()
     assert [r.status for r in await asyncio.gather(busy, queued)] == [200, 200]
+
+
+# The REST specification's own response schemas (open_inference_rest.yaml's components, in its
+# words, written out here as JSON Schema): what every route must answer, whatever else it adds.
+TENSOR_METADATA = {
+    "type": "object",
+    "required": ["name", "datatype", "shape"],
+    "properties": {
+        "name": {"type": "string"},
+        "datatype": {"type": "string"},
+        "shape": {"type": "array", "items": {"type": "integer"}},
+    },
+}
+SPEC = {
+    "metadata_server_response": {
+        "type": "object",
+        "required": ["name", "version", "extensions"],
+        "properties": {
+            "name": {"type": "string"},
+            "version": {"type": "string"},
+            "extensions": {"type": "array", "items": {"type": "string"}},
+        },
+    },
+    "metadata_model_response": {
+        "type": "object",
+        "required": ["name", "platform"],
+        "properties": {
+            "name": {"type": "string"},
+            "versions": {"type": "array", "items": {"type": "string"}},
+            "platform": {"type": "string"},
+            "inputs": {"type": "array", "items": TENSOR_METADATA},
+            "outputs": {"type": "array", "items": TENSOR_METADATA},
+        },
+    },
+    "inference_response": {
+        "type": "object",
+        "required": ["model_name", "outputs"],
+        "properties": {
+            "model_name": {"type": "string"},
+            "model_version": {"type": "string"},
+            "id": {"type": "string"},
+            "parameters": {"type": "object"},
+            "outputs": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["name", "shape", "datatype", "data"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "shape": {"type": "array", "items": {"type": "integer"}},
+                        "datatype": {"type": "string"},
+                        "parameters": {"type": "object"},
+                        "data": {"type": "array"},
+                    },
+                },
+            },
+        },
+    },
+    # Every error object of the specification (server, model and inference alike).
+    "error_response": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
+}
+# The served model's routes, as the specification lists them: without and with the version.
+MODEL_ROUTES = ("/v2/models/maskserve", "/v2/models/maskserve/versions/1")
+
+
+async def conforms(response: ClientResponse, status: int, schema: str | None) -> Any:
+    """The response's JSON, checked against the specification's schema for it."""
+    assert response.status == status, await response.text()
+    if schema is None:  # a health route: the status is the answer
+        return None
+    body = await response.json()
+    jsonschema.validate(body, SPEC[schema])
+    return body
+
+
+async def test_every_route_of_the_specification_answers_in_its_schema_with_and_without_the_version(
+    make_client: ClientFactory,
+) -> None:
+    client = await make_client()
+    for path in ("/v2", "/v2/"):
+        server = await conforms(await client.get(path), 200, "metadata_server_response")
+        assert server["name"] == "maskserve"
+    for path in ("/v2/health/live", "/v2/health/ready"):
+        await conforms(await client.get(path), 200, None)
+    for model in MODEL_ROUTES:
+        versioned = "/versions/" in model
+        metadata = await conforms(await client.get(model), 200, "metadata_model_response")
+        assert metadata["name"] == "maskserve" and metadata["versions"] == ["1"]
+        await conforms(await client.get(model + "/ready"), 200, None)
+        answer = await conforms(
+            await client.post(model + "/infer", json=infer_body([PARIS, TWO_MASKS], id="req-9")),
+            200,
+            "inference_response",
+        )
+        assert answer["id"] == "req-9" and answer["model_name"] == "maskserve"
+        # The version answered is the one asked for, and only when asked.
+        assert answer.get("model_version") == ("1" if versioned else None)
+        assert [json.loads(item) for item in answer["outputs"][0]["data"]] == await post_answers(
+            client, [PARIS, TWO_MASKS]
+        )
+        error = await conforms(await client.post(model + "/infer", json=infer_body(["no mask"])), 422, "error_response")
+        assert "no mask token" in error["error"]
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/v2/models/maskserve/versions/2", "/v2/models/maskserve/versions/latest", "/v2/models/bert/versions/1"],
+)
+async def test_a_version_or_model_not_served_is_404_in_the_error_shape(make_client: ClientFactory, path: str) -> None:
+    client = await make_client()
+    for response in (
+        await client.get(path),
+        await client.get(path + "/ready"),
+        await client.post(path + "/infer", json=infer_body([PARIS])),
+    ):
+        error = await error_of(response, 404, "not_found")
+        jsonschema.validate(error, SPEC["error_response"])
+        assert "this server serves 'maskserve'" in error["error"] or "it serves version '1'" in error["error"]
+
+
+async def test_tritonclient_passing_a_model_version_reads_metadata_readiness_and_infers(
+    make_client: ClientFactory,
+) -> None:
+    client = await make_client()
+
+    def ask(server: triton.InferenceServerClient) -> tuple[Any, ...]:
+        result = server.infer("maskserve", [texts_input([PARIS])], model_version="1")
+        with pytest.raises(InferenceServerException) as wrong:
+            server.infer("maskserve", [texts_input([PARIS])], model_version="2")
+        return (
+            server.get_model_metadata("maskserve", model_version="1"),
+            server.is_model_ready("maskserve", model_version="1"),
+            server.is_model_ready("maskserve", model_version="2"),
+            result.get_response(),
+            predictions(result),
+            wrong.value,
+        )
+
+    metadata, ready, other_ready, response, answer, wrong = await in_thread(client, ask)
+    assert metadata["versions"] == ["1"] and (ready, other_ready) == (True, False)
+    assert response["model_version"] == "1"
+    assert answer == await post_answers(client, [PARIS])
+    assert wrong.status() == "404" and "it serves version '1'" in (wrong.message() or "")

@@ -17,7 +17,7 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 from maskserve.engine import FillMaskEngine
-from maskserve.keys import BATCHER_KEY, PARSER_KEY
+from maskserve.keys import SERVICE_KEY
 from maskserve.openapi import openapi_document
 from maskserve.routes import ROUTE_ROLES
 from maskserve.schemas import request_schema
@@ -123,6 +123,9 @@ class Conformance:
 
 
 INFER = "/v2/models/maskserve/infer"
+# The served model's routes, as the protocol lists them: without and with the version segment.
+MODEL_PATHS = ("/v2/models/maskserve", "/v2/models/maskserve/versions/1")
+INFER_PATHS = tuple(model + "/infer" for model in MODEL_PATHS)
 
 
 def infer_body(*texts: str) -> dict[str, Any]:
@@ -154,7 +157,7 @@ async def test_with_an_api_key_protected_operations_document_and_answer_401(make
     protected = 0
     for path, item in document["paths"].items():
         for method, operation in item.items():
-            url = path.replace("{filename}", "demo.css").replace("{model}", "maskserve")
+            url = path.replace("{filename}", "demo.css").replace("{model}", "maskserve").replace("{version}", "1")
             response = await client.request(method, url, allow_redirects=False)
             if "security" in operation:
                 protected += 1
@@ -172,7 +175,7 @@ async def test_document_carries_the_servers_own_limits_and_request_schema(make_c
     document = await response.json()
     request = document["components"]["schemas"]["FillMaskRequest"]
     # The very schema the parser validates with.
-    assert request == request_schema(client.app[PARSER_KEY].limits)
+    assert request == request_schema(client.app[SERVICE_KEY].settings)
     assert request["properties"]["inputs"]["oneOf"][1]["maxItems"] == 7
     assert request["properties"]["parameters"]["properties"]["top_k"]["maximum"] == 9
     assert request["properties"]["parameters"]["properties"]["targets"]["oneOf"][2]["maxItems"] == 3
@@ -198,24 +201,26 @@ async def test_every_documented_response_is_produced_and_matches_the_document(
     await wait_until_entered(model)
     await docs.check(await client.post("/", data=paris, headers={"X-Request-Timeout": "0.2"}), 504)
     await docs.check(await client.post("/demo", data={"text": paris}, headers={"X-Request-Timeout": "0.2"}), 504)
-    await docs.check(await client.post(INFER, json=infer_body(paris), headers={"X-Request-Timeout": "0.2"}), 504)
+    for infer in INFER_PATHS:
+        await docs.check(await client.post(infer, json=infer_body(paris), headers={"X-Request-Timeout": "0.2"}), 504)
     # A full queue refuses at the door; a pass held past the stall budget fails the probes. (The
     # timed-out requests' slots are freed when the queue reaches its bound: two live ones fill it.)
-    batcher = client.app[BATCHER_KEY]
+    batcher = client.app[SERVICE_KEY].batcher
     queued = [asyncio.create_task(client.post("/", data="a [MASK] b.")) for _ in range(2)]
     for _ in range(500):  # the three timed-out texts discarded, both new ones queued
-        if batcher.drops.expired == 3 and batcher.depth == 2:
+        if batcher.drops.expired == 2 + len(INFER_PATHS) and batcher.depth == 2:
             break
         await asyncio.sleep(0.01)
     else:
         raise AssertionError("the queue never held the two new texts")
     await docs.check(await client.post("/", data=paris), 503)
     await docs.check(await client.post("/demo", data={"text": paris}), 503)
-    await docs.check(await client.post(INFER, json=infer_body(paris)), 503)
+    for infer in INFER_PATHS:
+        await docs.check(await client.post(infer, json=infer_body(paris)), 503)
     await asyncio.sleep(0.3)
     await docs.check(await client.get("/livez"), 503)
     await docs.check(await client.get("/readyz"), 503)
-    for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/maskserve/ready"):
+    for path in ("/v2/health/live", "/v2/health/ready", *(model + "/ready" for model in MODEL_PATHS)):
         await docs.check(await client.get(path), 400)  # the protocol's 4xx for "not healthy"
     model.release()
     for response in await asyncio.gather(busy, *queued):
@@ -265,20 +270,25 @@ async def test_every_documented_response_is_produced_and_matches_the_document(
     for path in ("/livez", "/readyz", "/metrics", "/info", "/openapi.json"):
         await docs.check(await client.get(path), 200)
 
-    # The Open Inference Protocol.
-    for path in ("/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/maskserve", "/v2/models/maskserve/ready"):
+    # The Open Inference Protocol, each model route with and without the version segment.
+    for path in ("/v2", "/v2/", "/v2/health/live", "/v2/health/ready"):
         await docs.check(await client.get(path), 200)
-    for path in ("/v2/models/bert", "/v2/models/bert/ready"):
-        await docs.check(await client.get(path), 404)
-    await docs.check(await client.post("/v2/models/bert/infer", json=infer_body(paris)), 404)
-    await docs.check(await client.post(INFER, json=infer_body(paris, "the [MASK] sat on the [MASK].")), 200)
-    binary = infer_body(paris) | {"parameters": {"binary_data_output": True}}
-    answered = await docs.check(await client.post(INFER, json=binary), 200)
-    assert answered.headers["Content-Type"] == "application/octet-stream"
-    await docs.check(await client.post(INFER, data=b'{"inputs": ', headers=json_headers), 400)
-    await docs.check(await client.post(INFER, data=b"x" * 8192, headers=json_headers), 413)
-    await docs.check(await client.post(INFER, json=infer_body("no mask")), 422)
-    await docs.check(await client.post(INFER, json=infer_body(poisoned)), 500)
+    for model in MODEL_PATHS:
+        await docs.check(await client.get(model), 200)
+        await docs.check(await client.get(model + "/ready"), 200)
+    for model in ("/v2/models/bert", "/v2/models/maskserve/versions/2", "/v2/models/bert/versions/1"):
+        await docs.check(await client.get(model), 404)
+        await docs.check(await client.get(model + "/ready"), 404)
+        await docs.check(await client.post(model + "/infer", json=infer_body(paris)), 404)
+    for infer in INFER_PATHS:
+        await docs.check(await client.post(infer, json=infer_body(paris, "the [MASK] sat on the [MASK].")), 200)
+        binary = infer_body(paris) | {"parameters": {"binary_data_output": True}}
+        answered = await docs.check(await client.post(infer, json=binary), 200)
+        assert answered.headers["Content-Type"] == "application/octet-stream"
+        await docs.check(await client.post(infer, data=b'{"inputs": ', headers=json_headers), 400)
+        await docs.check(await client.post(infer, data=b"x" * 8192, headers=json_headers), 413)
+        await docs.check(await client.post(infer, json=infer_body("no mask")), 422)
+        await docs.check(await client.post(infer, json=infer_body(poisoned)), 500)
 
     missing = docs.documented() - docs.seen
     assert not missing, f"documented but never produced (the document claims too much): {sorted(missing)}"

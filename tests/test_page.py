@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from html.parser import HTMLParser
 
-from maskserve.keys import BATCHER_KEY, MODEL_KEY
-from maskserve.model_api import Prediction, Query, TextPredictions
+from maskserve.keys import SERVICE_KEY
+from maskserve.model_api import Query
 from maskserve.page import CONTENT_SECURITY_POLICY
 
 from .conftest import ClientFactory
@@ -83,16 +82,8 @@ class Page(HTMLParser):
             self.marks.append(data)
 
 
-class ScriptyModel(EchoModel):
-    """Answers with markup as the predicted word, to prove model output is escaped too."""
-
-    WORD = '<img src=x onerror="alert(2)">'
-
-    def predict(self, queries: Sequence[Query]) -> list[TextPredictions]:
-        return [
-            [[Prediction(score=0.5, token=1, token_str=self.WORD, sequence=self.WORD)]] * self.count_masks(q.input_ids)
-            for q in queries
-        ]
+# Markup as the predicted word, to prove model output is escaped too.
+SCRIPT_WORD = '<img src=x onerror="alert(2)">'
 
 
 async def test_page_shows_model_mask_token_and_examples(make_client: ClientFactory) -> None:
@@ -119,7 +110,7 @@ async def test_roberta_page_names_its_own_mask_token(make_client: ClientFactory,
 
 async def test_page_never_shows_the_server_model_path(make_client: ClientFactory) -> None:
     client = await make_client()
-    full_path = client.app[MODEL_KEY].name
+    full_path = client.app[SERVICE_KEY].model.name
     html = await (await client.get("/")).text()
     assert full_path.startswith("/") and full_path not in html
 
@@ -131,7 +122,7 @@ async def test_example_link_fills_the_box_without_running_the_model(make_client:
     assert page.textarea == "Hello [MASK] world"
     assert page.top_k_attrs["value"] == "7"
     assert page.words == []
-    assert client.app[BATCHER_KEY].batches_run == 0
+    assert client.app[SERVICE_KEY].batcher.batches_run == 0
 
 
 async def test_form_submission_renders_the_api_predictions(make_client: ClientFactory) -> None:
@@ -239,14 +230,14 @@ async def test_script_text_in_an_example_link_is_escaped(make_client: ClientFact
 
 
 async def test_model_output_is_escaped(make_client: ClientFactory) -> None:
-    client = await make_client(engine=ScriptyModel())
+    client = await make_client(engine=EchoModel(word=SCRIPT_WORD))
     response = await client.post("/demo", data={"text": "a [MASK] b"})
     assert response.status == 200
     html = await response.text()
-    assert ScriptyModel.WORD not in html
+    assert SCRIPT_WORD not in html
     page = Page(html)
-    assert page.words == [ScriptyModel.WORD]
-    assert page.marks == [ScriptyModel.WORD]
+    assert page.words == [SCRIPT_WORD]
+    assert page.marks == [SCRIPT_WORD]
 
 
 async def test_page_sends_security_headers(make_client: ClientFactory) -> None:
@@ -308,7 +299,7 @@ async def test_get_demo_sends_the_browser_back_to_the_page(make_client: ClientFa
 async def test_full_queue_is_shown_inline_as_busy(make_client: ClientFactory) -> None:
     model = ControlledModel()
     client = await make_client(engine=model, max_queue=1)
-    batcher = client.app[BATCHER_KEY]
+    batcher = client.app[SERVICE_KEY].batcher
     model.hold()
     loop = asyncio.get_running_loop()
     query = Query(input_ids=model.encode("a [MASK]"), top_k=1)

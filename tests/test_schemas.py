@@ -10,10 +10,11 @@ import pytest
 from maskserve.engine import FillMaskEngine
 from maskserve.errors import ClientError, InvalidBody, InvalidInput, NoMaskToken, TextTooLong
 from maskserve.model_api import Prediction
-from maskserve.schemas import FillMaskRequest, Limits, RequestParser, shape_response
+from maskserve.schemas import FillMaskRequest, RequestParser, shape_response
+from maskserve.settings import Settings
 
 JSON = "application/json"
-PARSER = RequestParser(Limits())
+PARSER = RequestParser(Settings())
 
 
 def parse_json(document: Any, parser: RequestParser = PARSER) -> FillMaskRequest:
@@ -49,7 +50,7 @@ def test_raw_text_keeps_unicode() -> None:
 
 
 def test_raw_text_uses_the_configured_default_top_k() -> None:
-    assert RequestParser(Limits(default_top_k=3)).parse(b"[MASK]", "text/plain").top_k == 3
+    assert RequestParser(Settings(default_top_k=3)).parse(b"[MASK]", "text/plain").top_k == 3
 
 
 # -- JSON -------------------------------------------------------------------------------------
@@ -155,7 +156,7 @@ def test_empty_targets_list_is_422() -> None:
 
 
 def test_too_many_targets_is_422() -> None:
-    parser = RequestParser(Limits(max_targets=3))
+    parser = RequestParser(Settings(max_targets=3))
     error = rejection(
         InvalidInput, parse_json, {"inputs": "x [MASK]", "parameters": {"targets": ["a", "b", "c", "d"]}}, parser
     )
@@ -163,7 +164,7 @@ def test_too_many_targets_is_422() -> None:
 
 
 def test_too_many_inputs_is_422() -> None:
-    parser = RequestParser(Limits(max_inputs=2))
+    parser = RequestParser(Settings(max_inputs=2))
     error = rejection(InvalidInput, parse_json, {"inputs": ["[MASK]"] * 3}, parser)
     assert "inputs" in error.message and "2" in error.message
 
@@ -210,7 +211,7 @@ def test_no_mask_in_one_of_several_inputs_names_its_index(bert_engine: FillMaskE
 
 
 def test_text_over_the_character_limit_is_422(bert_engine: FillMaskEngine) -> None:
-    parser = RequestParser(Limits(max_text_chars=20))
+    parser = RequestParser(Settings(max_text_chars=20))
     request = parser.parse(b"the [MASK] is a big red dog.", "text/plain")
     error = rejection(TextTooLong, parser.queries, request, bert_engine)
     assert error.kind == "text_too_long" and "28 characters" in error.message and "20" in error.message

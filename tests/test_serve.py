@@ -7,11 +7,8 @@ import asyncio
 import gc
 import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -21,14 +18,13 @@ from maskserve.serve import serve
 from maskserve.settings import Settings
 
 from .fakes import ControlledModel, wait_until_entered
-from .live_server import free_port
+from .live_server import free_port, start_maskserve, wait_until_ready
 
 PARIS = "Paris is the [MASK] of France."
 
 
-async def wait_until_listening(
-    session: aiohttp.ClientSession, url: str, process: subprocess.Popen[bytes] | None
-) -> None:
+async def wait_until_listening(session: aiohttp.ClientSession, url: str) -> None:
+    """Until the in-process server's /readyz answers 200."""
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -37,37 +33,19 @@ async def wait_until_listening(
                     return
         except aiohttp.ClientConnectionError:
             pass
-        if time.monotonic() > deadline or (process is not None and process.poll() is not None):
+        if time.monotonic() > deadline:
             raise AssertionError("the server never became ready")
         await asyncio.sleep(0.1)
 
 
-@asynccontextmanager
-async def maskserve_process(*args: str) -> AsyncIterator[tuple[subprocess.Popen[bytes], str]]:
-    """``python -m maskserve`` on the default model and a free port; killed if still running at the end."""
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "maskserve", "--port", str(port), "--torch-threads", "1", *args],
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        yield process, f"http://127.0.0.1:{port}/"
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(30)
-        if process.stdout:
-            process.stdout.close()
-
-
 @pytest.mark.slow
-async def test_during_the_drain_delay_readyz_fails_and_requests_are_still_answered() -> None:
-    async with maskserve_process("--drain-delay", "2") as (process, url):
+async def test_during_the_drain_delay_readyz_fails_and_requests_are_still_answered(tmp_path: Path) -> None:
+    server = start_maskserve("--torch-threads", "1", "--drain-delay", "2", log_path=tmp_path / "server.log")
+    try:
+        await asyncio.to_thread(wait_until_ready, server)
+        url = server.url + "/"
         async with aiohttp.ClientSession() as session:
-            await wait_until_listening(session, url, process)
-            process.send_signal(signal.SIGTERM)
+            server.signal(signal.SIGTERM)
             signalled = time.monotonic()
             await asyncio.sleep(0.2)
 
@@ -93,23 +71,28 @@ async def test_during_the_drain_delay_readyz_fails_and_requests_are_still_answer
             await asyncio.sleep(max(0.0, signalled + 3.0 - time.monotonic()))  # past the delay
             with pytest.raises(aiohttp.ClientConnectorError):
                 await session.get(url + "livez")
-        exit_code = await asyncio.to_thread(process.wait, 30)
-        output = process.stdout.read().decode() if process.stdout else ""
+        exit_code = await asyncio.to_thread(server.wait, 30)
+    finally:
+        server.kill()
+    output = server.log()
     assert exit_code == 0, output
     assert "draining" in output and "Traceback" not in output
 
 
 @pytest.mark.slow
-async def test_a_second_signal_cuts_the_drain_delay_short() -> None:
-    async with maskserve_process("--drain-delay", "60") as (process, url), aiohttp.ClientSession() as session:
-        await wait_until_listening(session, url, process)
-        process.send_signal(signal.SIGTERM)
+async def test_a_second_signal_cuts_the_drain_delay_short(tmp_path: Path) -> None:
+    server = start_maskserve("--torch-threads", "1", "--drain-delay", "60", log_path=tmp_path / "server.log")
+    try:
+        await asyncio.to_thread(wait_until_ready, server)
+        server.signal(signal.SIGTERM)
         await asyncio.sleep(0.3)
-        async with session.get(url + "readyz") as ready:
+        async with aiohttp.ClientSession() as session, session.get(server.url + "/readyz") as ready:
             assert ready.status == 503
-        process.send_signal(signal.SIGINT)
+        server.signal(signal.SIGINT)
         started = time.monotonic()
-        exit_code = await asyncio.to_thread(process.wait, 30)
+        exit_code = await asyncio.to_thread(server.wait, 30)
+    finally:
+        server.kill()
     assert exit_code == 0
     assert time.monotonic() - started < 15  # not the 60 s delay
 
@@ -124,7 +107,7 @@ async def test_a_request_in_flight_when_the_listener_closes_is_answered() -> Non
     server = asyncio.create_task(serve(app))
     try:
         async with aiohttp.ClientSession() as session:
-            await wait_until_listening(session, url, None)
+            await wait_until_listening(session, url)
             model.hold()
             in_flight = asyncio.create_task(session.post(url, data="held [MASK]"))
             await wait_until_entered(model)
@@ -157,7 +140,7 @@ async def test_once_serving_the_long_lived_heap_is_out_of_the_collectors_sight()
     server = asyncio.create_task(serve(app))
     try:
         async with aiohttp.ClientSession() as session:
-            await wait_until_listening(session, f"http://127.0.0.1:{port}/", None)
+            await wait_until_listening(session, f"http://127.0.0.1:{port}/")
         assert gc.get_freeze_count() > 0
         os.kill(os.getpid(), signal.SIGTERM)
         await asyncio.wait_for(server, 10)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from maskserve.settings import ENV_PREFIX, Settings, SettingsError, available_cpus, build_parser, load_settings
+
+from .live_server import run_maskserve
 
 FIELDS = [f.name for f in dataclasses.fields(Settings)]
 # A valid value for each field that differs from its default, as text (flag and env form).
@@ -27,7 +27,7 @@ OTHER_VALUES: dict[str, tuple[str, object]] = {
     "max_batch_size": ("7", 7),
     "max_batch_tokens": ("999", 999),
     "max_batch_delay": ("0.005", 0.005),
-    "max_queue": ("11", 11),
+    "max_queue": ("111", 111),
     "request_timeout": ("2.5", 2.5),
     "max_body_bytes": ("4096", 4096),
     "max_text_chars": ("77", 77),
@@ -35,6 +35,11 @@ OTHER_VALUES: dict[str, tuple[str, object]] = {
     "max_top_k": ("9", 9),
     "max_targets": ("4", 4),
     "default_top_k": ("2", 2),
+    "max_masks_per_text": ("3", 3),
+    "max_predictions": ("500", 500),
+    "max_response_bytes": ("65536", 65536),
+    "warmup": ("false", False),
+    "agent_port": ("9101", 9101),
     "drain_delay": ("2", 2.0),
     "model_name": ("fill-mask-bert", "fill-mask-bert"),
     "workers": ("3", 3),
@@ -65,6 +70,11 @@ BAD_VALUES: dict[str, str] = {
     "max_top_k": "0",
     "max_targets": "x",
     "default_top_k": "0",
+    "max_masks_per_text": "0",
+    "max_predictions": "-1",
+    "max_response_bytes": "4MB",
+    "warmup": "perhaps",
+    "agent_port": "65536",
     "drain_delay": "-1",
     "model_name": "has/slash",
     "workers": "0",
@@ -88,9 +98,12 @@ def env(name: str) -> str:
     return ENV_PREFIX + name.upper()
 
 
+BOOLEAN = {f.name for f in dataclasses.fields(Settings) if f.metadata.get("flag_kind") == "bool"}
+
+
 def flag_args(name: str, raw: str) -> list[str]:
-    if name == "log_json":
-        return ["--log-json"] if raw == "true" else ["--no-log-json"]
+    if name in BOOLEAN:
+        return [flag(name)] if raw == "true" else ["--no-" + flag(name).removeprefix("--")]
     return [flag(name), raw]
 
 
@@ -147,7 +160,7 @@ def assert_names_value(message: str, name: str) -> None:
         assert repr(BAD_VALUES[name]) in message
 
 
-@pytest.mark.parametrize("name", [n for n in REFUSABLE if n != "log_json"])  # --log-json takes no value
+@pytest.mark.parametrize("name", [n for n in REFUSABLE if n not in BOOLEAN])  # --log-json takes no value
 def test_bad_flag_value_names_flag_and_value(name: str) -> None:
     with pytest.raises(SettingsError) as caught:
         load_settings([flag(name), BAD_VALUES[name]], env={})
@@ -205,9 +218,7 @@ def test_help_lists_every_flag_and_its_variable() -> None:
 
 
 def test_cli_help_lists_every_flag() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "maskserve", "--help"], capture_output=True, text=True, timeout=60, check=False
-    )
+    result = run_maskserve("--help", timeout_s=60)
     assert result.returncode == 0, result.stderr
     # argparse wraps long lines; flags stay whole.
     for name in FIELDS:
@@ -220,3 +231,27 @@ def test_the_traces_exporter_falls_back_to_opentelemetrys_own_variable() -> None
     assert load_settings([], env=both).traces_exporter == "otlp"  # maskserve's own wins
     with pytest.raises(SettingsError, match=r"^OTEL_TRACES_EXPORTER: invalid value 'otlp,none'"):
         load_settings([], env={"OTEL_TRACES_EXPORTER": "otlp,none"})
+
+
+CONTRADICTIONS = [
+    (["--max-inputs", "300"], {}, ("--max-inputs=300", "--max-queue=256 (the default)")),
+    (["--max-queue", "10"], {}, ("--max-inputs=64 (the default)", "--max-queue=10")),
+    (["--default-top-k", "50", "--max-top-k", "10"], {}, ("--default-top-k=50", "--max-top-k=10")),
+    (["--default-top-k", "8", "--max-predictions", "4"], {}, ("--default-top-k=8", "--max-predictions=4")),
+    ([], {"MASKSERVE_MAX_BATCH_DELAY": "45"}, ("MASKSERVE_MAX_BATCH_DELAY=45.0", "--request-timeout=")),
+]
+
+
+@pytest.mark.parametrize(("argv", "environ", "named"), CONTRADICTIONS)
+def test_settings_that_contradict_each_other_are_refused_naming_both(
+    argv: list[str], environ: dict[str, str], named: tuple[str, str]
+) -> None:
+    with pytest.raises(SettingsError, match="contradicts") as caught:
+        load_settings(argv, env=environ)
+    for name in named:
+        assert name in str(caught.value)
+
+
+def test_limits_that_agree_at_their_edges_are_accepted() -> None:
+    settings = load_settings(["--max-inputs", "256", "--default-top-k", "100", "--max-batch-delay", "29.9"], env={})
+    assert (settings.max_inputs, settings.default_top_k) == (256, 100)

@@ -15,8 +15,6 @@ import contextlib
 import json
 import os
 import random
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -24,8 +22,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from .live_server import stop_server
-from .test_load import free_port, sentences, wait_ready
+from .live_server import start_maskserve, wait_until_ready
+from .test_load import sentences
 
 SOAK_SECONDS = float(os.environ.get("MASKSERVE_SOAK_SECONDS", "20"))
 TIMEOUT_S = 2.0
@@ -59,26 +57,22 @@ async def measure_capacity(session: aiohttp.ClientSession, url: str, texts: list
 
 
 @pytest.mark.slow
-async def test_twice_capacity_with_hang_ups_answers_everything_and_leaks_nothing() -> None:
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "maskserve", "--port", str(port), "--max-queue", "64"]
-        + ["--request-timeout", str(TIMEOUT_S), "--log-level", "error"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+async def test_twice_capacity_with_hang_ups_answers_everything_and_leaks_nothing(tmp_path: Path) -> None:
+    server = start_maskserve(
+        "--max-queue", "64", "--request-timeout", str(TIMEOUT_S), "--log-level", "error", log_path=tmp_path / "soak.log"
     )
-    url = f"http://127.0.0.1:{port}/"
+    url = server.url + "/"
     texts = sentences(seed=11)
     rng = random.Random(3)
     statuses: Counter[int] = Counter()
     failures: list[str] = []
     hung_up = 0
     try:
+        await asyncio.to_thread(wait_until_ready, server)
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-            await wait_ready(session, url, server)
             capacity = await measure_capacity(session, url, texts)
             # Warm: every shape class seen, allocator caches grown; the baseline comes after.
-            before = proc_status(server.pid)
+            before = proc_status(server.process.pid)
             rate = 2 * capacity
             tasks: list[asyncio.Task[None]] = []
 
@@ -106,15 +100,15 @@ async def test_twice_capacity_with_hang_ups_answers_everything_and_leaks_nothing
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-            during = proc_status(server.pid)
+            during = proc_status(server.process.pid)
         # The load is over and every connection closed; give the server a moment to reap them.
         await asyncio.sleep(2)
-        after = proc_status(server.pid)
+        after = proc_status(server.process.pid)
         async with aiohttp.ClientSession() as session, session.post(url, data="paris is the [MASK] of france.") as r:
             assert r.status == 200
-        assert server.poll() is None
+        assert server.running
     finally:
-        stop_server(server)
+        server.stop()
 
     answered = sum(statuses.values())
     cancelled = sum(1 for t in tasks if t.cancelled())

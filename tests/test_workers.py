@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -23,8 +21,7 @@ from maskserve.settings import Settings, available_cpus
 from maskserve.workers import _assign_slot
 
 from .conftest import HAS_ONNXRUNTIME, NO_ONNXRUNTIME
-from .live_server import free_port
-from .test_main import cli_env
+from .live_server import ServerProcess, free_port, run_maskserve, start_maskserve
 
 PARIS = b"Paris is the [MASK] of France."
 
@@ -100,31 +97,25 @@ def until(condition: object, timeout: float = 90.0) -> None:
 
 
 @pytest.fixture
-def two_workers() -> Iterator[tuple[subprocess.Popen[str], str]]:
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "maskserve", "--port", str(port), "--workers", "2", "--drain-timeout", "10"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=cli_env(),
-        start_new_session=True,
+def two_workers(tmp_path: Path) -> Iterator[ServerProcess]:
+    # Its own process group: the teardown's SIGKILL reaches the workers too.
+    server = start_maskserve(
+        "--workers", "2", "--drain-timeout", "10", log_path=tmp_path / "workers.log", own_process_group=True
     )
     try:
-        yield process, f"http://127.0.0.1:{port}/"
+        yield server
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-        process.communicate(timeout=30)
+        server.kill()
 
 
 @pytest.mark.slow
 def test_two_workers_serve_one_port_report_together_replace_the_dead_and_drain_on_sigterm(
-    two_workers: tuple[subprocess.Popen[str], str],
+    two_workers: ServerProcess,
 ) -> None:
-    process, url = two_workers
+    server, url = two_workers, two_workers.url + "/"
+    pid = server.process.pid
     # Both workers up: each answers its own slot's part of a scrape.
-    until(lambda: len(children(process.pid)) == 2 and _both_ready(url))
+    until(lambda: len(children(pid)) == 2 and _both_ready(url))
     answers = [post(url) for _ in range(40)]
     assert all(b'"token_str": "city"' in answer for answer in answers)
     counted = worker_requests(url)
@@ -133,18 +124,17 @@ def test_two_workers_serve_one_port_report_together_replace_the_dead_and_drain_o
     assert set(counted) == {"0", "1"} and min(counted.values()) > 0, counted
 
     # SIGKILL one worker: the arbiter starts another in its slot, and the server keeps answering.
-    before = children(process.pid)
+    before = children(pid)
     victim = min(before)
     os.kill(victim, signal.SIGKILL)
-    until(lambda: len(children(process.pid)) == 2 and victim not in children(process.pid))
+    until(lambda: len(children(pid)) == 2 and victim not in children(pid))
     until(lambda: _both_ready(url))
     assert b'"token_str": "city"' in post(url)
 
     # SIGTERM to the arbiter: every worker drains, the server exits 0.
-    process.send_signal(signal.SIGTERM)
-    output, _ = process.communicate(timeout=60)
-    assert process.returncode == 0, output
-    assert "Traceback" not in output
+    server.signal(signal.SIGTERM)
+    assert server.wait(60) == 0, server.log()
+    assert "Traceback" not in server.log()
 
 
 def _both_ready(url: str) -> bool:
@@ -155,15 +145,7 @@ def _both_ready(url: str) -> bool:
 
 @pytest.mark.slow
 def test_a_model_that_cannot_load_stops_every_worker_with_one_line(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "maskserve", "--model", str(tmp_path / "nowhere"), "--port", str(free_port())]
-        + ["--workers", "2"],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=cli_env(),
-        check=False,
-    )
+    result = run_maskserve("--model", str(tmp_path / "nowhere"), "--port", str(free_port()), "--workers", "2")
     assert result.returncode == 1, result.stderr
     assert "cannot start: could not load model" in result.stderr
     assert "Traceback" not in result.stderr
@@ -174,14 +156,7 @@ def test_a_taken_port_stops_the_workers_before_any_starts() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = subprocess.run(
-            [sys.executable, "-m", "maskserve", "--port", str(port), "--workers", "2"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=cli_env(),
-            check=False,
-        )
+        result = run_maskserve("--port", str(port), "--workers", "2")
     assert result.returncode == 1
     assert f"cannot start: cannot listen on 127.0.0.1:{port}" in result.stderr
     assert "Booting worker" not in result.stderr and "Traceback" not in result.stderr
@@ -192,14 +167,8 @@ def test_a_taken_port_stops_the_workers_before_any_starts() -> None:
 def test_a_backend_that_cannot_serve_stops_every_worker_with_exit_2(tmp_path: Path) -> None:
     not_a_folder = tmp_path / "file"
     not_a_folder.write_text("", encoding="utf-8")
-    result = subprocess.run(
-        [sys.executable, "-m", "maskserve", "--backend", "onnxruntime", "--cache-dir", str(not_a_folder)]
-        + ["--port", str(free_port()), "--workers", "2"],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=cli_env(),
-        check=False,
+    result = run_maskserve(
+        "--backend", "onnxruntime", "--cache-dir", str(not_a_folder), "--port", str(free_port()), "--workers", "2"
     )
     assert result.returncode == 2, result.stderr  # as a single process exits
     assert "cannot start: cannot write the export cache" in result.stderr

@@ -10,19 +10,23 @@ import-linter contracts in setup.cfg (``tox -e style``) hold the code to this ta
     __main__                                              the entry point: argv + env -> settings -> model -> serve
     workers                                               --workers N: gunicorn's arbiter and maskserve's worker
     serve                                                 run an app: listen, follow stop signals, drain, stop
-    app                                                   create_app(): shared state, lifecycle, middlewares, routes
+    app                                                   create_app(): the service, lifecycle, middlewares, routes
     routes                                                every route in one table, and the roles the stages read
-    views : page : health : info : openapi : oip          handlers: API, page, probes, /info, OpenAPI, Open Inference
+    views : page : health : agent : info : openapi : oip  handlers: API, page, probes, load agent, /info, OpenAPI, OIP
     middleware                                            the stages around every handler, one per file, and the chain
-    keys : deadlines : schemas : oip_schemas : logs       HTTP building blocks: typed keys, deadlines, parsing, logs
+    handling : logs                                       what handlers and stages share; logging and the access line
+    deadlines                                             each request's deadline
+    keys                                                  the two typed keys: the service, each request's record
+    service | request_state                               the one handle on the request path | one request's record
+    schemas : oip_schemas                                 request parsing and validation, response shapes
     traces : tracing                                      what handlers tell tracing; its OpenTelemetry side (extra)
     metrics                                               the Prometheus registry, fed by the batcher and a stage
-    breaker                                               admission at the door: queue bound, predicted wait
+    admission                                             whether a request may come in: queue bound, predicted wait
     batcher | engine                                      the queue and batch loop (asyncio) | the model (torch)
     settings | errors | model_api | packing | lifecycle   plain data: knobs, errors, model protocol, phase
 
-aiohttp is imported from the building blocks up, never below them; only the engine imports torch
-(``app.load_model`` reaches it lazily, so no HTTP module ever does).
+aiohttp is imported from the keys up, never by the service or below it; only the engine imports
+torch (``app.load_model`` reaches it lazily, so no HTTP module ever does).
 """
 
 from __future__ import annotations

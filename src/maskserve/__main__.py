@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -32,7 +33,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _load_and_serve(settings)
     except KeyboardInterrupt:
         log.info("stopped before serving")
-        return 0
+        # The model may still be loading on the inference thread, which nothing can interrupt, and
+        # the interpreter would wait for it at exit. Nothing was served and no port is open: there
+        # is nothing to clean up, so leave now.
+        logging.shutdown()
+        os._exit(0)
 
 
 def _load_and_serve(settings: Settings) -> int:

@@ -12,30 +12,18 @@ import aiohttp_jinja2
 import jinja2
 from aiohttp import web
 
-from .batcher import Batcher, BatchLimits
-from .breaker import CircuitBreaker
+from .admission import Admission
+from .agent import agent_context
+from .batcher import Batcher
 from .errors import ShuttingDown
-from .keys import (
-    BATCH_LOOP_KEY,
-    BATCHER_KEY,
-    BREAKER_KEY,
-    LIFECYCLE_KEY,
-    METRICS_KEY,
-    MIDDLEWARE_CHAIN_KEY,
-    MODEL_KEY,
-    OIP_PARSER_KEY,
-    PARSER_KEY,
-    SETTINGS_KEY,
-)
-from .lifecycle import Lifecycle
-from .metrics import Metrics
+from .health import ready
+from .keys import SERVICE_KEY
 from .middleware import chain
 from .middleware.chain import Spec, build_chain
 from .model_api import FillMaskModel
-from .oip_schemas import InferRequestParser
 from .page import security_headers
 from .routes import setup_routes
-from .schemas import Limits, RequestParser
+from .service import FillMaskService, Loaded
 from .settings import Settings, SettingsCheck
 
 log = logging.getLogger(__name__)
@@ -85,33 +73,13 @@ def load_model(settings: Settings) -> FillMaskModel:
     )
 
 
-def batch_limits(settings: Settings) -> BatchLimits:
-    return BatchLimits(
-        max_batch_size=settings.max_batch_size,
-        max_batch_tokens=settings.max_batch_tokens,
-        max_batch_delay=settings.max_batch_delay,
-        max_queue=settings.max_queue,
-    )
-
-
-def request_limits(settings: Settings) -> Limits:
-    return Limits(
-        max_text_chars=settings.max_text_chars,
-        max_inputs=settings.max_inputs,
-        max_top_k=settings.max_top_k,
-        max_targets=settings.max_targets,
-        default_top_k=settings.default_top_k,
-    )
-
-
 def inference_thread() -> ThreadPoolExecutor:
     """The one inference thread: the model never runs two batches at once, and torch's own
     intra-op threads (sized to the cores we have) do the parallel work.
 
     Load the model on it too (``submit(load_model, settings)``): torch keeps thread-local state
-    (its OpenMP team, the thread counts it set), and bert-base loaded on the main thread and then
-    run on this one took 120-230 ms a text, against 87-105 ms when loaded and run here (alternating
-    runs on 2 cores; maskserve ran the first way until this was measured).
+    (its OpenMP team, the thread counts it set), and a model loaded on one thread and run on
+    another runs measurably slower per text (``benchmarks/profile_request.py`` shows it).
     """
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="maskserve-inference")
 
@@ -123,17 +91,28 @@ def inference_context(
 
     @contextlib.asynccontextmanager
     async def context(app: web.Application) -> AsyncIterator[None]:
-        settings = app[SETTINGS_KEY]
+        service = app[SERVICE_KEY]
+        settings = service.settings
         executor = thread or inference_thread()
         loop = asyncio.get_running_loop()
         loaded = model if model is not None else await loop.run_in_executor(executor, load_model, settings)
-        batcher = Batcher(loaded, executor, batch_limits(settings))
-        app[MODEL_KEY] = loaded
-        app[BATCHER_KEY] = batcher
-        app[BREAKER_KEY] = CircuitBreaker(batcher)
-        app[METRICS_KEY].attach(batcher, app[BREAKER_KEY], settings.model_name)
+        batcher = Batcher(loaded, executor, settings)
+        if settings.warmup:
+            # Before the port opens and before the metrics look: its passes are no one's requests.
+            seconds = await batcher.warm_up(settings.max_top_k)
+            log.info(
+                "warmed up in %.2fs: the longest batch the limits admit would take about %.1fs here; "
+                "stall budget %.1fs",
+                seconds,
+                batcher.calibrated_longest_s,
+                batcher.stall_budget(settings.stall_timeout),
+            )
+        # One thread, so that tokenizing long texts takes at most one core from the model.
+        tokenizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="maskserve-tokenizer")
+        admission = Admission(batcher)
         task = asyncio.create_task(batcher.run(), name="maskserve-batch-loop")
-        app[BATCH_LOOP_KEY] = task
+        service.loaded = Loaded(loaded, batcher, admission, tokenizer, task)
+        service.metrics.attach(batcher, admission, settings.model_name, ready=lambda: ready(service).ok)
         try:
             yield
         finally:
@@ -142,6 +121,7 @@ def inference_context(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            tokenizer.shutdown(wait=False, cancel_futures=True)
             if thread is None:  # a thread handed in is its caller's to stop
                 # Don't wait for a hung forward pass: the process is leaving anyway.
                 executor.shutdown(wait=False, cancel_futures=True)
@@ -155,7 +135,7 @@ async def close_connections_while_draining(request: web.Request, response: web.S
     The next request of a keep-alive client then opens a new connection, which the load balancer
     sends elsewhere, instead of racing the listener's close on this one.
     """
-    if request.app[LIFECYCLE_KEY].draining:
+    if request.app[SERVICE_KEY].lifecycle.draining:
         response.force_close()
         # aiohttp has already written its keep-alive decision into the headers by now.
         response.headers["Connection"] = "close"
@@ -164,10 +144,11 @@ async def close_connections_while_draining(request: web.Request, response: web.S
 async def drain_on_shutdown(app: web.Application) -> None:
     """The listener has closed (after the drain delay): refuse new work, finish what was accepted
     within the drain budget."""
-    app[LIFECYCLE_KEY].start_draining()  # for an app stopped without the runner's signals
-    batcher = app[BATCHER_KEY]
+    service = app[SERVICE_KEY]
+    service.lifecycle.start_draining()  # for an app stopped without the runner's signals
+    batcher = service.batcher
     batcher.close()
-    settings = app[SETTINGS_KEY]
+    settings = service.settings
     log.info(
         "shutting down: draining %d queued texts%s (budget %.1fs)",
         batcher.depth,
@@ -196,12 +177,7 @@ def create_app(
     """
     chain = build_chain(settings.middleware if middlewares is None else middlewares, settings)
     app = web.Application(middlewares=list(chain.middlewares), client_max_size=settings.max_body_bytes)
-    app[SETTINGS_KEY] = settings
-    app[MIDDLEWARE_CHAIN_KEY] = chain.names
-    app[PARSER_KEY] = RequestParser(request_limits(settings))
-    app[OIP_PARSER_KEY] = InferRequestParser(request_limits(settings))
-    app[METRICS_KEY] = Metrics()
-    app[LIFECYCLE_KEY] = Lifecycle()
+    app[SERVICE_KEY] = FillMaskService(settings, chain.names)
     # Stages that own resources for the app's life register them first, so that they are set up
     # before the model's lifecycle and torn down after it (see middleware/chain.py).
     for middleware in chain.middlewares:
@@ -209,6 +185,8 @@ def create_app(
         if callable(setup_app):
             setup_app(app)
     app.cleanup_ctx.append(inference_context(engine, thread))
+    if settings.agent_port:
+        app.cleanup_ctx.append(agent_context(settings.agent_port))
     app.on_shutdown.append(drain_on_shutdown)
     # The demo page's templates, from the package; autoescape on, and a missing variable is an
     # error rather than an empty string.

@@ -5,6 +5,12 @@ takes what is queued whenever the model is free, forms a batch within the size, 
 limits, and runs it on a single-thread executor: the event loop never runs the model, and the
 model never runs two batches at once. Futures are resolved back on the event loop, and only
 while still pending (a client that left or timed out has already cancelled its own).
+
+The inference thread also does each text's post-processing (top-k, decoding every prediction's
+``sequence``, the JSON), asking between texts and between masks whether anyone still waits: a
+request answered 504, or whose client left, costs nothing more. Both phases are timed apart and
+fitted by :class:`CostModel`, so the predicted wait that admission, ``Retry-After`` and the stall
+budget use covers the whole of a request's cost.
 """
 
 from __future__ import annotations
@@ -18,20 +24,59 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from .errors import DeadlineExceeded, InferenceFailed, Overloaded, ShuttingDown
-from .model_api import FillMaskModel, Query, TextPredictions
+from .model_api import FillMaskModel, Progress, Query, TextPredictions, text_answer_json
 from .packing import choose_batch
+from .settings import Settings
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class BatchLimits:
-    """How large and how late a batch may be (see the settings of the same names)."""
+class Work:
+    """How much a set of texts costs to answer: the quantities the cost model is fitted on."""
 
-    max_batch_size: int = 32
-    max_batch_tokens: int = 8192
-    max_batch_delay: float = 0.0
-    max_queue: int = 256
+    texts: int = 0
+    tokens: int = 0
+    predictions: int = 0
+    # Predictions x their text's tokens: decoding each prediction's ``sequence`` costs its length.
+    prediction_tokens: int = 0
+
+    @classmethod
+    def of(cls, queries: Sequence[Query]) -> Work:
+        return cls(
+            texts=len(queries),
+            tokens=sum(q.n_tokens for q in queries),
+            predictions=sum(q.predictions for q in queries),
+            prediction_tokens=sum(q.prediction_tokens for q in queries),
+        )
+
+    def __add__(self, other: Work) -> Work:
+        return Work(
+            self.texts + other.texts,
+            self.tokens + other.tokens,
+            self.predictions + other.predictions,
+            self.prediction_tokens + other.prediction_tokens,
+        )
+
+    def __sub__(self, other: Work) -> Work:
+        return Work(
+            self.texts - other.texts,
+            self.tokens - other.tokens,
+            self.predictions - other.predictions,
+            self.prediction_tokens - other.prediction_tokens,
+        )
+
+
+# One text of one token: the least a request adds to the queue, for the check at the door.
+ONE_TEXT = Work(texts=1)
+
+
+@dataclass(frozen=True)
+class TextAnswer:
+    """What the inference thread hands back for one text: its predictions, and them as JSON."""
+
+    predictions: TextPredictions
+    json: bytes
 
 
 @dataclass(frozen=True)
@@ -45,6 +90,9 @@ class Answer:
     # When its forward pass began (epoch nanoseconds, for trace spans) and which pass it was.
     started_ns: int = 0
     batch_number: int = 0
+    # The predictions as the JSON the pipeline's shape gives one text (model_api.text_answer_json),
+    # made on the inference thread: the event loop only joins the texts of a request.
+    json: bytes = b""
 
 
 @dataclass(eq=False)
@@ -64,6 +112,19 @@ class WorkItem:
     def n_tokens(self) -> int:
         return self.query.n_tokens
 
+    @property
+    def work(self) -> Work:
+        return Work.of((self.query,))
+
+    def wanted(self) -> bool:
+        """Whether anyone still waits for this text; safe to ask from the inference thread.
+
+        A future is only resolved on the event loop, but reading whether it is done is one
+        attribute read, and once done it stays done. The deadline is on the event loop's clock,
+        which is ``time.monotonic()`` for asyncio's loops, so the thread can read it too.
+        """
+        return not self.future.done() and time.monotonic() < self.deadline
+
 
 @dataclass(frozen=True)
 class BatchReport:
@@ -79,6 +140,11 @@ class BatchReport:
     started_ns: int = 0
     number: int = 0
     contexts: tuple[object, ...] = ()
+    # Of ``seconds``, the forward pass's own (None: all of it), and the post-processing the rest
+    # spent on the texts it finished: their predictions, and predictions x tokens.
+    forward_seconds: float | None = None
+    predictions: int = 0
+    prediction_tokens: int = 0
 
 
 @dataclass
@@ -89,68 +155,163 @@ class DropCounts:
     abandoned: int = 0
 
 
-class CostModel:
-    """Seconds a forward pass takes, as ``fixed + per_token x padded tokens``.
+class LinearCost:
+    """Seconds as ``a x f1 + b x f2`` (both coefficients >= 0), fitted by exponentially weighted
+    least squares over recent observations, so that it follows the model, the machine and the load
+    as they change. Until something is observed it predicts 0: never refuse on a guess.
 
-    Fitted by exponentially weighted least squares over recent batches, so it follows the model,
-    the machine and the load as they change. It predicts how long queued work will take (for
-    Retry-After, admission and dropping requests that cannot make their deadline) and weighs a
-    split into sub-batches against one padded batch. Until a batch is measured it predicts 0:
-    never refuse on a guess.
+    Recent traffic is often all alike (short sentences, a few predictions each): it says well what
+    such work costs, and nothing of how the cost grows with length. :meth:`anchor` keeps what has
+    been observed so far (warm-up's passes, of very different lengths) as a prior that never
+    fades, with the weight of a couple of observations: it settles the directions recent traffic
+    leaves open, and yields to it in the others. When nothing tells the two features apart
+    (always the same ratio), everything is charged to ``f1``.
     """
+
+    # The prior's weight, in observations: enough to fix what recent traffic cannot, little
+    # enough that a machine that got slower under load is followed.
+    PRIOR_WEIGHT = 2.0
 
     def __init__(self, decay: float = 0.9) -> None:
         self.decay = decay
-        self._w = self._x = self._y = self._xx = self._xy = 0.0
+        # Weighted sums: count, f1 f1, f1 f2, f2 f2, f1 y, f2 y; recent ones, and the prior's.
+        self._sums = [0.0] * 6
+        self._prior = [0.0] * 6
 
-    def observe(self, report: BatchReport) -> None:
-        x, y, d = float(report.padded_tokens), report.seconds, self.decay
-        self._w = d * self._w + 1.0
-        self._x = d * self._x + x
-        self._y = d * self._y + y
-        self._xx = d * self._xx + x * x
-        self._xy = d * self._xy + x * y
+    def observe(self, f1: float, f2: float, seconds: float) -> None:
+        d = self.decay
+        for i, value in enumerate((1.0, f1 * f1, f1 * f2, f2 * f2, f1 * seconds, f2 * seconds)):
+            self._sums[i] = d * self._sums[i] + value
+
+    def anchor(self) -> None:
+        """Keep what has been observed so far as the prior (see the class docstring)."""
+        if self._sums[0] > 0:
+            scale = self.PRIOR_WEIGHT / self._sums[0]
+            self._prior = [value * scale for value in self._sums]
 
     @property
     def measured(self) -> bool:
-        return self._w > 0
+        return self._sums[0] + self._prior[0] > 0
 
     def coefficients(self) -> tuple[float, float]:
-        """(fixed seconds per batch, seconds per padded token), both >= 0."""
-        if not self.measured:
+        n, s11, s12, s22, s1y, s2y = (a + b for a, b in zip(self._sums, self._prior))
+        if n <= 0 or s11 + s22 <= 0:
             return 0.0, 0.0
-        mean_x, mean_y = self._x / self._w, self._y / self._w
-        variance = self._xx / self._w - mean_x * mean_x
-        if variance <= 1e-9 * max(1.0, mean_x * mean_x):
-            # All batches had the same size: no slope to fit yet. Charge it all to the pass: a
-            # short first batch (often a cold one) must not be extrapolated per token to a deep
-            # queue of long texts, and an unsplit batch is the safe default for packing.
-            return mean_y, 0.0
-        per_token = max(0.0, (self._xy / self._w - mean_x * mean_y) / variance)
-        fixed = max(0.0, mean_y - per_token * mean_x)
-        return fixed, per_token
+        det = s11 * s22 - s12 * s12
+        if det <= 1e-9 * s11 * s22 or s11 == 0:
+            if s11 > 0:
+                return max(0.0, s1y / s11), 0.0
+            return 0.0, max(0.0, s2y / s22)
+        a = (s1y * s22 - s2y * s12) / det
+        b = (s2y * s11 - s1y * s12) / det
+        if b < 0:  # the second feature adds nothing: refit on the first alone
+            return max(0.0, s1y / s11), 0.0
+        if a < 0:
+            return 0.0, max(0.0, s2y / s22)
+        return a, b
+
+    def predict(self, f1: float, f2: float) -> float:
+        a, b = self.coefficients()
+        return a * f1 + b * f2
+
+
+class CostModel:
+    """Seconds a batch takes: its forward pass as ``fixed + per_token x padded tokens``, and its
+    post-processing as ``per_prediction x predictions + per_decoded_token x predictions x tokens``.
+
+    It predicts how long queued work will take (for Retry-After, admission, the stall budget and
+    dropping requests that cannot make their deadline) and weighs a split into sub-batches against
+    one padded batch.
+    """
+
+    def __init__(self, decay: float = 0.9) -> None:
+        self.forward = LinearCost(decay)  # f1 = passes, f2 = padded tokens
+        self.post = LinearCost(decay)  # f1 = predictions, f2 = prediction tokens
+
+    def observe(self, report: BatchReport) -> None:
+        forward = report.seconds if report.forward_seconds is None else report.forward_seconds
+        self.forward.observe(1.0, float(report.padded_tokens), forward)
+        if report.predictions > 0:
+            post = max(0.0, report.seconds - forward)
+            self.post.observe(float(report.predictions), float(report.prediction_tokens), post)
+
+    @property
+    def measured(self) -> bool:
+        return self.forward.measured
+
+    def coefficients(self) -> tuple[float, float]:
+        """The forward pass's (fixed seconds per pass, seconds per padded token), both >= 0."""
+        return self.forward.coefficients()
 
     def predict(self, padded_tokens: int, batches: int = 1) -> float:
-        fixed, per_token = self.coefficients()
-        return fixed * batches + per_token * padded_tokens
+        """Seconds of forward passes over ``padded_tokens`` in ``batches`` passes."""
+        return self.forward.predict(batches, padded_tokens)
+
+    def post_processing(self, work: Work) -> float:
+        """Seconds of picking, decoding and encoding ``work``'s predictions."""
+        return self.post.predict(work.predictions, work.prediction_tokens)
 
 
-def predict_isolating(model: FillMaskModel, queries: Sequence[Query]) -> list[TextPredictions | Exception]:
+def predict_isolating(
+    model: FillMaskModel, queries: Sequence[Query], progress: Progress | None = None
+) -> list[TextPredictions | Exception]:
     """Run one batch; if it raises, split it in halves until the failing inputs stand alone.
 
     Runs on the inference thread. One poisoned input (or an out-of-memory batch) then costs its
     neighbours a few extra forward passes instead of their answers.
     """
     try:
-        answers = model.predict(queries)
+        answers = model.predict(queries, progress)
     except Exception as exc:  # noqa: BLE001 - any model failure is isolated the same way
         if len(queries) == 1:
             return [exc]
         middle = len(queries) // 2
-        return predict_isolating(model, queries[:middle]) + predict_isolating(model, queries[middle:])
+        later = None if progress is None else _Shifted(progress, middle)
+        return predict_isolating(model, queries[:middle], progress) + predict_isolating(model, queries[middle:], later)
     if len(answers) != len(queries):
         raise RuntimeError(f"model returned {len(answers)} answers for {len(queries)} queries; this is a bug")
     return list(answers)
+
+
+class _Shifted:
+    """A batch's progress as its second half sees it (after an isolating split)."""
+
+    def __init__(self, progress: Progress, offset: int) -> None:
+        self.progress, self.offset = progress, offset
+
+    def forward_done(self) -> None:
+        self.progress.forward_done()
+
+    def wanted(self, index: int) -> bool:
+        return self.progress.wanted(index + self.offset)
+
+
+class _BatchProgress:
+    """The batch's side of :class:`~maskserve.model_api.Progress`, on the inference thread: it
+    answers from each item's own state and times the forward pass apart from the rest."""
+
+    def __init__(self, items: Sequence[WorkItem]) -> None:
+        self.items = items
+        self.started = time.perf_counter()
+        self.forward_s: float | None = None
+
+    def forward_done(self) -> None:
+        if self.forward_s is None:  # an isolating split runs more passes: the first one is timed
+            self.forward_s = time.perf_counter() - self.started
+
+    def wanted(self, index: int) -> bool:
+        return self.items[index].wanted()
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """The inference thread's result for a batch: per item an answer, an error, or None (dropped)."""
+
+    answers: list[TextAnswer | Exception | None]
+    seconds: float
+    forward_seconds: float | None
+    # The post-processing work done for the texts that were answered.
+    finished: Work
 
 
 @dataclass
@@ -162,22 +323,33 @@ class _InFlight:
 # How many waiting texts the packer looks at per batch: enough to sort lengths apart, few enough
 # that planning stays well under a millisecond (it runs on the event loop).
 PACKING_WINDOW_BATCHES = 2
+# The stall budget is this many times the longest batch the limits admit: a pass that runs past
+# it is not slow, it is stuck.
+STALL_MULTIPLE = 4.0
+# ... or this many times the longest pass seen so far, which a busy machine may stretch.
+STALL_OBSERVED_MULTIPLE = 2.0
 
 
 class Batcher:
     """Owns the queue and the batch loop; start :meth:`run` as one task."""
 
-    def __init__(self, model: FillMaskModel, executor: Executor, limits: BatchLimits) -> None:
+    def __init__(self, model: FillMaskModel, executor: Executor, settings: Settings) -> None:
         self.model = model
         self.executor = executor
-        self.limits = limits
+        # The batch and queue limits are the settings' own (max_batch_size, max_queue, ...).
+        self.limits = settings
         self.cost = CostModel()
         self.drops = DropCounts()
         self.listeners: list[Callable[[BatchReport], None]] = [self.cost.observe]
         self.batches_run = 0
         self.last_progress = time.monotonic()  # refreshed by the inference thread (heartbeat)
+        # The longest batch the limits admit as predicted when warm-up measured the model, and
+        # the longest pass seen since: floors of the stall budget that recent short batches,
+        # which the cost model follows, cannot wear down.
+        self.calibrated_longest_s = 0.0
+        self.longest_pass_s = 0.0
         self._queue: deque[WorkItem] = deque()
-        self._queued_tokens = 0
+        self._queued = Work()
         self._arrived = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -201,7 +373,7 @@ class Batcher:
 
     @property
     def busy_for(self) -> float:
-        """Seconds the forward pass in flight has been running; 0 when idle."""
+        """Seconds the batch in flight has held the inference thread; 0 when idle."""
         in_flight = self._in_flight
         return 0.0 if in_flight is None else time.monotonic() - in_flight.started
 
@@ -212,20 +384,45 @@ class Batcher:
             self._discard_done()
         return self.depth + extra > self.limits.max_queue
 
-    def predicted_wait(self, extra_texts: int = 0, extra_tokens: int = 0) -> float:
-        """Seconds until texts queued now would have their answers, by the measured cost."""
+    def seconds_for(self, work: Work) -> float:
+        """Predicted seconds to answer ``work`` from an idle model: its passes and its post-processing."""
+        if work.texts == 0:
+            return 0.0
+        limits = self.limits
+        # At least as many passes as the size and the token budget each require (a lower
+        # bound: padding needs more), and never fewer than one.
+        batches = max(-(-work.texts // limits.max_batch_size), -(-work.tokens // limits.max_batch_tokens), 1)
+        return self.cost.predict(work.tokens, batches=batches) + self.cost.post_processing(work)
+
+    def predicted_wait(self, extra: Work = Work()) -> float:
+        """Seconds until texts queued now (plus ``extra``) would have their answers, by the measured cost."""
         remaining = 0.0
         if self._in_flight is not None:
             remaining = max(0.0, self._in_flight.predicted_s - self.busy_for)
-        texts = self.depth + extra_texts
-        if texts == 0:
-            return remaining
-        batches = -(-texts // self.limits.max_batch_size)
-        return remaining + self.cost.predict(self._queued_tokens + extra_tokens, batches=batches)
+        return remaining + self.seconds_for(self._queued + extra)
 
     def retry_after(self) -> float:
         """Seconds until the work ahead is done, by the measured cost; at least 1."""
         return max(1.0, self.predicted_wait())
+
+    def longest_batch_s(self) -> float:
+        """Predicted seconds of the costliest batch the limits admit: a full token budget in one
+        pass, then the most predictions each of its texts may ask for, decoded at full length."""
+        limits = self.limits
+        texts = limits.max_batch_size
+        tokens = max(limits.max_batch_tokens, self.model.max_tokens)
+        predictions = texts * limits.max_text_predictions
+        worst = Work(texts, tokens, predictions, limits.max_text_predictions * tokens)
+        return self.cost.predict(tokens) + self.cost.post_processing(worst)
+
+    def stall_budget(self, floor: float) -> float:
+        """Seconds one batch may hold the inference thread before it counts as stuck: a multiple
+        of the longest batch the limits admit (and of the longest seen), never less than ``floor``.
+
+        No admitted request can then trip it, on any machine: it is measured here.
+        """
+        longest = max(self.calibrated_longest_s, self.longest_batch_s())
+        return max(floor, STALL_MULTIPLE * longest, STALL_OBSERVED_MULTIPLE * self.longest_pass_s)
 
     def _admit(self, texts: int) -> None:
         """Raise unless ``texts`` more texts may be queued now."""
@@ -245,7 +442,7 @@ class Batcher:
             query=query, future=loop.create_future(), enqueued_at=loop.time(), deadline=deadline, context=context
         )
         self._queue.append(item)
-        self._queued_tokens += item.n_tokens
+        self._queued += item.work
         self._idle.clear()
         self._arrived.set()
         return item.future
@@ -254,8 +451,8 @@ class Batcher:
         """Queue every text of one request and wait for all, or raise by the deadline.
 
         Admission is all-or-nothing, so a request is never half queued. On timeout or
-        cancellation (the client left) the futures are cancelled, and the batch loop drops
-        them before they cost a forward pass.
+        cancellation (the client left) the futures are cancelled, and neither the batch loop nor
+        the inference thread spends anything more on them.
         """
         self._admit(len(queries))
         futures = [self._enqueue(query, deadline, context) for query in queries]
@@ -292,6 +489,49 @@ class Batcher:
             return False
         return True
 
+    # -- warm-up --------------------------------------------------------------------------------
+
+    async def warm_up(self, top_k: int) -> float:
+        """Run a few batches of short and longest texts before serving; returns the seconds spent.
+
+        The first pass pays the model's one-time start-up costs, and is not measured. The others
+        are of different lengths and answer sizes (up to ``top_k`` predictions of a text as long as
+        the model reads), so both parts of the cost model are fitted before the first request:
+        admission and the stall budget start from this machine's real costs.
+        """
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        model = self.model
+        longest = max(2, model.max_tokens)
+
+        def text(tokens: int, answers: int) -> Query:
+            ids = model.encode(f"{'the ' * max(0, tokens - 4)}{model.mask_token} .")
+            if len(ids) > tokens:  # keep the first token and the tail, which holds the mask
+                ids = ids[:1] + ids[len(ids) - tokens + 1 :]
+            return Query(ids, top_k=max(1, answers), n_masks=model.count_masks(ids))
+
+        plan = [
+            [text(8, 5)],  # cold
+            [text(8, 5)],
+            [text(max(8, longest // 8), 5)] * 8,
+            [text(longest, top_k)],
+            [text(max(8, longest // 4), top_k)] * 2,
+        ]
+        for number, queries in enumerate(plan):
+            items = [
+                WorkItem(query, loop.create_future(), loop.time(), loop.time() + 3600.0, None) for query in queries
+            ]
+            outcome = await loop.run_in_executor(self.executor, self._infer, items)
+            for item in items:
+                item.future.cancel()
+            if number > 0:
+                self.cost.observe(self._report(items, outcome, 0, 0))
+        self.cost.forward.anchor()
+        self.cost.post.anchor()
+        self.calibrated_longest_s = self.longest_batch_s()
+        self.longest_pass_s = 0.0  # the cold pass is no measure of a stall
+        return time.perf_counter() - started
+
     # -- the batch loop -------------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -311,8 +551,8 @@ class Batcher:
     async def _wait_for_company(self, loop: asyncio.AbstractEventLoop) -> None:
         """With ``max_batch_delay``, wait until the oldest item's single deadline or a full batch.
 
-        The window is counted once from the oldest waiting item (never restarted per arrival,
-        the seed's flaw), and skipped entirely when the delay is 0.
+        The window is counted once from the oldest waiting item (never restarted per arrival),
+        and skipped entirely when the delay is 0.
         """
         delay = self.limits.max_batch_delay
         if delay <= 0 or not self._queue:
@@ -330,7 +570,7 @@ class Batcher:
 
     def _pop(self) -> WorkItem:
         item = self._queue.popleft()
-        self._queued_tokens -= item.n_tokens
+        self._queued -= item.work
         return item
 
     def _sweep(self, now: float) -> None:
@@ -345,7 +585,7 @@ class Batcher:
             if item.future.done():
                 self._pop()
                 self._count_drop(item, now)
-            elif now + self.cost.predict(item.n_tokens) >= item.deadline:
+            elif now + self.seconds_for(item.work) >= item.deadline:
                 self._pop()
                 self.drops.expired += 1
                 item.future.set_exception(DeadlineExceeded("the request could not finish within its deadline"))
@@ -364,7 +604,7 @@ class Batcher:
         live: deque[WorkItem] = deque()
         for item in self._queue:
             if item.future.done():
-                self._queued_tokens -= item.n_tokens
+                self._queued -= item.work
                 self._count_drop(item, now)
             else:
                 live.append(item)
@@ -390,7 +630,7 @@ class Batcher:
         batch = [window[i] for i in chosen]
         taken = {id(item) for item in batch}
         self._queue = deque(item for item in self._queue if id(item) not in taken)
-        self._queued_tokens -= sum(item.n_tokens for item in batch)
+        self._queued -= Work.of([item.query for item in batch])
         return batch
 
     def _batch_overhead_tokens(self) -> float:
@@ -402,58 +642,85 @@ class Batcher:
         return float("inf") if fixed > 0 else 32.0
 
     async def _run_batch(self, loop: asyncio.AbstractEventLoop, batch: list[WorkItem]) -> None:
-        queries = [item.query for item in batch]
         padded = len(batch) * max(item.n_tokens for item in batch)
         started, started_ns = loop.time(), time.time_ns()
-        self._in_flight = _InFlight(started=time.monotonic(), predicted_s=self.cost.predict(padded))
+        predicted = self.cost.predict(padded) + self.cost.post_processing(Work.of([item.query for item in batch]))
+        self._in_flight = _InFlight(started=time.monotonic(), predicted_s=predicted)
         try:
-            outcomes, seconds = await loop.run_in_executor(self.executor, self._infer, queries)
+            outcome = await loop.run_in_executor(self.executor, self._infer, batch)
         except Exception:  # a bug in the isolation itself: fail this batch only, keep serving
             log.exception("batch of %d failed outside the model", len(batch))
-            outcomes, seconds = [InferenceFailed("inference failed")] * len(batch), loop.time() - started
+            failure: list[TextAnswer | Exception | None] = [InferenceFailed("inference failed")] * len(batch)
+            outcome = _Outcome(failure, loop.time() - started, None, Work())
         finally:
             self._in_flight = None
         self.batches_run += 1
         number = self.batches_run
         failed = 0
-        for item, outcome in zip(batch, outcomes):
-            if isinstance(outcome, Exception):
+        for item, result in zip(batch, outcome.answers):
+            if item.future.done():  # the client left or timed out while its batch ran
+                continue
+            if isinstance(result, Exception):
                 failed += 1
-                log.error("inference failed for one input", exc_info=outcome)
-                if not item.future.done():
-                    item.future.set_exception(InferenceFailed("the model failed on this input"))
-            elif not item.future.done():  # else the client left or timed out while its batch ran
+                log.error("inference failed for one input", exc_info=result)
+                item.future.set_exception(InferenceFailed("the model failed on this input"))
+            elif result is None:  # the inference thread saw its deadline pass, and stopped
+                self.drops.expired += 1
+                item.future.set_exception(DeadlineExceeded("the request did not finish within its deadline"))
+            else:
                 item.future.set_result(
                     Answer(
-                        outcome,
+                        result.predictions,
                         queued_s=started - item.enqueued_at,
-                        inference_s=seconds,
+                        inference_s=outcome.seconds,
                         batch_size=len(batch),
                         started_ns=started_ns,
                         batch_number=number,
+                        json=result.json,
                     )
                 )
-        report = BatchReport(
-            size=len(batch),
-            real_tokens=sum(item.n_tokens for item in batch),
-            padded_tokens=padded,
-            seconds=seconds,
-            failed=failed,
-            started_ns=started_ns,
-            number=number,
-            # Each request's context once; contexts need not be hashable (OpenTelemetry's are not).
-            contexts=tuple({id(item.context): item.context for item in batch if item.context is not None}.values()),
-        )
+        report = self._report(batch, outcome, failed, number, started_ns)
         for listener in self.listeners:
             try:
                 listener(report)
             except Exception:  # an observer's bug (metrics, tracing) must not stop the batch loop
                 log.exception("a batch listener failed")
 
-    def _infer(self, queries: list[Query]) -> tuple[list[TextPredictions | Exception], float]:
-        """The inference thread's whole job: compute, time it, refresh the heartbeat."""
-        started = time.perf_counter()
+    def _report(
+        self, batch: Sequence[WorkItem], outcome: _Outcome, failed: int, number: int, started_ns: int = 0
+    ) -> BatchReport:
+        return BatchReport(
+            size=len(batch),
+            real_tokens=sum(item.n_tokens for item in batch),
+            padded_tokens=len(batch) * max(item.n_tokens for item in batch),
+            seconds=outcome.seconds,
+            failed=failed,
+            started_ns=started_ns,
+            number=number,
+            # Each request's context once; contexts need not be hashable (OpenTelemetry's are not).
+            contexts=tuple({id(item.context): item.context for item in batch if item.context is not None}.values()),
+            forward_seconds=outcome.forward_seconds,
+            predictions=outcome.finished.predictions,
+            prediction_tokens=outcome.finished.prediction_tokens,
+        )
+
+    def _infer(self, batch: Sequence[WorkItem]) -> _Outcome:
+        """The inference thread's whole job: compute, post-process what is still wanted, time it,
+        refresh the heartbeat."""
         self.last_progress = time.monotonic()
-        outcomes = predict_isolating(self.model, queries)
+        progress = _BatchProgress(batch)
+        results = predict_isolating(self.model, [item.query for item in batch], progress)
+        answers: list[TextAnswer | Exception | None] = []
+        finished = Work()
+        for item, result in zip(batch, results):
+            if isinstance(result, Exception):
+                answers.append(result)
+            elif not item.wanted():
+                answers.append(None)
+            else:
+                answers.append(TextAnswer(result, text_answer_json(result)))
+                finished += item.work
+        seconds = time.perf_counter() - progress.started
         self.last_progress = time.monotonic()
-        return outcomes, time.perf_counter() - started
+        self.longest_pass_s = max(self.longest_pass_s, seconds)
+        return _Outcome(answers, seconds, progress.forward_s, finished)

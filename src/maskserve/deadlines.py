@@ -8,7 +8,7 @@ import math
 from aiohttp import web
 
 from .errors import InvalidHeader
-from .keys import DEADLINE_KEY, SETTINGS_KEY
+from .keys import service_of, state_of
 
 TIMEOUT_HEADER = "X-Request-Timeout"
 
@@ -28,9 +28,8 @@ def parse_timeout(header: str | None, default: float) -> float:
 
 def request_deadline(request: web.Request) -> float:
     """The deadline on the event loop's clock, computed once per request and remembered."""
-    deadline = request.get(DEADLINE_KEY)
-    if deadline is None:
-        timeout = parse_timeout(request.headers.get(TIMEOUT_HEADER), request.app[SETTINGS_KEY].request_timeout)
-        deadline = asyncio.get_running_loop().time() + timeout
-        request[DEADLINE_KEY] = deadline
-    return deadline
+    state = state_of(request)
+    if state.deadline is None:
+        timeout = parse_timeout(request.headers.get(TIMEOUT_HEADER), service_of(request.app).settings.request_timeout)
+        state.deadline = asyncio.get_running_loop().time() + timeout
+    return state.deadline

@@ -18,7 +18,11 @@ to the log only.
     │   ├── UnsupportedMediaType        415 unsupported_media_type
     │   ├── InvalidInput                422 invalid_input       (well-formed but unusable)
     │   │   ├── NoMaskToken             422 no_mask_token
-    │   │   └── TextTooLong             422 text_too_long
+    │   │   ├── TextTooLong             422 text_too_long
+    │   │   ├── TooManyMasks            422 too_many_masks
+    │   │   ├── TooManyPredictions      422 too_many_predictions
+    │   │   ├── ResponseTooLarge        422 response_too_large
+    │   │   └── RequestTooCostly        422 request_too_costly
     │   └── RateLimited                 429 rate_limited        (with Retry-After)
     ├── ServiceUnavailable              503 unavailable         (always with Retry-After)
     │   ├── Overloaded                  503 overloaded
@@ -163,6 +167,31 @@ class TextTooLong(InvalidInput):
     """A text is longer than ``--max-text-chars`` or than the model's token limit."""
 
     kind = "text_too_long"
+
+
+class TooManyMasks(InvalidInput):
+    """A text holds more mask tokens than ``--max-masks-per-text``."""
+
+    kind = "too_many_masks"
+
+
+class TooManyPredictions(InvalidInput):
+    """Texts x masks x top_k is more than ``--max-predictions``."""
+
+    kind = "too_many_predictions"
+
+
+class ResponseTooLarge(InvalidInput):
+    """The answer could be larger than ``--max-response-bytes``: known from the texts before any work."""
+
+    kind = "response_too_large"
+
+
+class RequestTooCostly(InvalidInput):
+    """Even with nothing else queued, the request would take longer than this server's request
+    timeout (``--request-timeout``), by its measured costs: as sent, it can never be answered."""
+
+    kind = "request_too_costly"
 
 
 class RateLimited(ClientError):

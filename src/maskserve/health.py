@@ -1,10 +1,16 @@
 """Liveness and readiness, answered from the event loop: never queued behind inference.
 
-``/livez`` asks "should this process be restarted?" Only a stuck inference thread (one forward
-pass running past ``--stall-timeout``) or a dead batch loop says yes: a busy or overloaded server
-is alive, and restarting it would only lose its queue (TGI#3241). ``/readyz`` asks "should work
-be sent here now?" Not while loading or draining, and not once a new request with the default
-deadline would be refused at the door: the probe flips *before* clients see 503s.
+``/livez`` asks "should this process be restarted?" Only a stuck inference thread (one batch
+holding it past the stall budget) or a dead batch loop says yes. The budget is a multiple of the
+longest batch the limits admit, by this machine's measured costs (``Batcher.stall_budget``), so a
+big request can never look like a hang, and a busy or overloaded server is alive: restarting it
+would only lose its queue.
+
+``/readyz`` asks "can this process serve?" Not while the model loads, not while it drains after
+a stop signal, not while it is stuck. Never because of load: a saturated fleet whose replicas all
+left their Service would answer clients with refused connections instead of a 503 with
+Retry-After. Overload is answered at the door, request by request; balancers that want to steer
+by load read the agent (agent.py) or the metrics.
 
 The checks are plain functions of the batcher's state, so tests drive them without HTTP.
 """
@@ -17,9 +23,10 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from .batcher import Batcher
-from .keys import BATCH_LOOP_KEY, BATCHER_KEY, ERROR_KIND_KEY, LIFECYCLE_KEY, SETTINGS_KEY
+from .batcher import ONE_TEXT, Batcher
+from .keys import service_of, state_of
 from .lifecycle import Lifecycle
+from .service import FillMaskService
 
 
 @dataclass(frozen=True)
@@ -49,19 +56,21 @@ class Health:
         }
 
 
-def liveness(batcher: Batcher | None, batch_loop: asyncio.Task[None] | None, stall_timeout: float) -> Health:
-    """Alive unless a forward pass has run longer than ``stall_timeout`` or the batch loop died."""
+def liveness(batcher: Batcher | None, batch_loop: asyncio.Task[None] | None, stall_floor: float) -> Health:
+    """Alive unless a batch has held the inference thread past the stall budget or the batch loop died."""
     if batcher is None:
         # Still loading the model: alive, just not ready.
         return Health(facts={"loaded": False})
     problems: list[Problem] = []
     busy_for = batcher.busy_for
-    if busy_for > stall_timeout:
+    budget = batcher.stall_budget(stall_floor)
+    if busy_for > budget:
         problems.append(
             Problem(
                 "stalled",
-                f"a forward pass has been running for {busy_for:.1f}s, "
-                f"longer than the stall budget of {stall_timeout:g}s (--stall-timeout)",
+                f"one batch has held the inference thread for {busy_for:.1f}s, longer than the stall "
+                f"budget of {budget:.1f}s (four times the longest batch the limits admit, at least "
+                f"--stall-timeout {stall_floor:g}s)",
             )
         )
     if batch_loop is not None and batch_loop.done() and not batcher.closed:
@@ -76,20 +85,14 @@ def liveness(batcher: Batcher | None, batch_loop: asyncio.Task[None] | None, sta
             "busy_for_s": round(busy_for, 3),
             "since_progress_s": round(time.monotonic() - batcher.last_progress, 3),
             "batches_run": batcher.batches_run,
-            "stall_timeout_s": stall_timeout,
+            "stall_budget_s": round(budget, 3),
         },
     )
 
 
-def readiness(
-    batcher: Batcher | None, live: Health, request_timeout: float, lifecycle: Lifecycle | None = None
-) -> Health:
-    """Ready when the model is loaded, the server is not draining and a new request would be admitted now.
-
-    The admission test is the circuit breaker's, for a request with the default deadline
-    (``request_timeout``): the predicted wait for one more text must fit in it, and the queue
-    must have room.
-    """
+def readiness(batcher: Batcher | None, live: Health, lifecycle: Lifecycle | None = None) -> Health:
+    """Ready when the model is loaded, the server is not draining and it is alive; load is no
+    part of it (see the module docstring), though the facts show it to whoever looks."""
     if batcher is None:
         return Health((Problem("loading", "the model is still loading"),), {"loaded": False})
     problems = list(live.problems)
@@ -98,27 +101,13 @@ def readiness(
     elif lifecycle is not None and lifecycle.draining:
         # Still answering (the drain delay): this probe failing is what tells balancers to stop.
         problems.append(Problem("draining", "the server is shutting down; send new work elsewhere"))
-    if batcher.is_full():
-        problems.append(
-            Problem("queue_full", f"the queue is full ({batcher.depth} of {batcher.limits.max_queue} texts)")
-        )
-    predicted = batcher.predicted_wait(extra_texts=1)
-    if predicted > request_timeout:
-        problems.append(
-            Problem(
-                "predicted_timeout",
-                f"a new request would wait about {predicted:.1f}s, "
-                f"over the default deadline of {request_timeout:g}s (--request-timeout)",
-            )
-        )
     return Health(
         tuple(problems),
         {
             "loaded": True,
             "queue_depth": batcher.depth,
             "max_queue": batcher.limits.max_queue,
-            "predicted_wait_s": round(predicted, 3),
-            "request_timeout_s": request_timeout,
+            "predicted_wait_s": round(batcher.predicted_wait(ONE_TEXT), 3),
         },
     )
 
@@ -126,7 +115,7 @@ def readiness(
 def probe_response(request: web.Request, health: Health, failed_kind: str, failed_status: int = 503) -> web.Response:
     """The probe's answer: 200, or ``failed_status`` with the problems; never cached."""
     if not health.ok:
-        request[ERROR_KIND_KEY] = failed_kind  # for the access log and the request counter
+        state_of(request).kind = failed_kind  # for the access log and the request counter
     return web.json_response(
         health.body(),
         status=200 if health.ok else failed_status,
@@ -135,21 +124,25 @@ def probe_response(request: web.Request, health: Health, failed_kind: str, faile
     )
 
 
-def live(app: web.Application) -> Health:
-    """The app's liveness now."""
-    return liveness(app.get(BATCHER_KEY), app.get(BATCH_LOOP_KEY), app[SETTINGS_KEY].stall_timeout)
+def live(service: FillMaskService) -> Health:
+    """The service's liveness now."""
+    loaded = service.loaded
+    if loaded is None:
+        return liveness(None, None, service.settings.stall_timeout)
+    return liveness(loaded.batcher, loaded.batch_loop, service.settings.stall_timeout)
 
 
-def ready(app: web.Application) -> Health:
-    """The app's readiness now (liveness problems included)."""
-    return readiness(app.get(BATCHER_KEY), live(app), app[SETTINGS_KEY].request_timeout, app[LIFECYCLE_KEY])
+def ready(service: FillMaskService) -> Health:
+    """The service's readiness now (liveness problems included)."""
+    loaded = service.loaded
+    return readiness(loaded.batcher if loaded is not None else None, live(service), service.lifecycle)
 
 
 async def livez(request: web.Request) -> web.Response:
     """``GET /livez``: 200 while the inference thread makes progress, else 503 saying why."""
-    return probe_response(request, live(request.app), "not_live")
+    return probe_response(request, live(service_of(request.app)), "not_live")
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """``GET /readyz``: 200 when a new request would be accepted now, else 503 saying why."""
-    return probe_response(request, ready(request.app), "not_ready")
+    """``GET /readyz``: 200 while this server can serve (loaded, not draining, not stuck), else 503 saying why."""
+    return probe_response(request, ready(service_of(request.app)), "not_ready")

@@ -12,7 +12,7 @@ import aiohttp
 from aiohttp import web
 
 from . import __version__
-from .keys import MIDDLEWARE_CHAIN_KEY, MODEL_KEY, SETTINGS_KEY
+from .keys import service_of
 from .model_api import FillMaskModel, describe_model
 from .settings import Settings
 
@@ -95,4 +95,6 @@ def server_info(
 async def info(request: web.Request) -> web.Response:
     """``GET /info``: the served model and the server's configuration, as JSON."""
     app = request.app
-    return web.json_response(server_info(app[SETTINGS_KEY], app.get(MODEL_KEY), app[MIDDLEWARE_CHAIN_KEY]))
+    service = service_of(app)
+    model = service.loaded.model if service.loaded is not None else None
+    return web.json_response(server_info(service.settings, model, service.middleware))

@@ -10,7 +10,26 @@ from typing import Any
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
-from .keys import ERROR_KIND_KEY, REQUEST_ID_KEY, TRACE_ID_KEY
+from .keys import state_of
+
+# Every character that could end a log line or hide part of one: C0 and C1 controls, DEL, and
+# Unicode's own line and paragraph separators. A client's path, header or id may hold any of them
+# (a path is percent-decoded: /%0d%0a... becomes a CR LF), and one left raw would forge a line.
+_CONTROL = [*range(0x00, 0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]
+_ESCAPES = {code: f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" for code in _CONTROL}
+
+
+def escape_control(text: str) -> str:
+    """``text`` with every control character written as an escape (``\\r`` as ``\\x0d``): one line."""
+    return text.translate(_ESCAPES)
+
+
+class OneLineFormatter(logging.Formatter):
+    """The plain-text format, where a message can never break its line: control characters in it
+    are escaped, whoever logged it. A traceback, formatted apart, keeps its own lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return escape_control(super().formatMessage(record))
 
 
 class JsonFormatter(logging.Formatter):
@@ -36,7 +55,7 @@ def configure_logging(level: str, json_lines: bool) -> None:
     if json_lines:
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
@@ -47,20 +66,24 @@ class AccessLogger(AbstractAccessLogger):
     ``trace_id=...`` when the request was traced (the tracing stage is on)."""
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
-        request_id = request.get(REQUEST_ID_KEY, "-")
-        kind = request.get(ERROR_KIND_KEY, "ok" if response.status < 400 else "-")
+        state = state_of(request)
+        request_id = state.id
+        kind = state.kind or ("ok" if response.status < 400 else "-")
         latency_ms = round(time * 1000, 2)
+        # Escaped here too, not only by the formatter: the fields also reach any handler an
+        # embedding application installs, as structured extras.
+        path = escape_control(request.path)
         extra: dict[str, Any] = {
             "request_id": request_id,
             "method": request.method,
-            "path": request.path,
+            "path": path,
             "status": response.status,
             "kind": kind,
             "latency_ms": latency_ms,
         }
         line = "%s %s %s %d %s %.2fms"
-        args: list[Any] = [request_id, request.method, request.path, response.status, kind, latency_ms]
-        trace_id = request.get(TRACE_ID_KEY)
+        args: list[Any] = [request_id, request.method, path, response.status, kind, latency_ms]
+        trace_id = state.trace_id
         if trace_id is not None:
             extra["trace_id"] = trace_id
             line += " trace_id=%s"

@@ -9,17 +9,25 @@ can never drift from the batcher's own counters.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Protocol
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, Info, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    Info,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from . import __version__
-from .batcher import Answer, Batcher, BatchReport
-from .breaker import CircuitBreaker
+from .admission import Admission
+from .batcher import ONE_TEXT, Answer, Batcher, BatchReport
 from .model_api import describe_model
 
 # Seconds, from a cache-warm small model (about a millisecond) to the default deadline and past it.
@@ -28,7 +36,7 @@ BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
-# Every refusal reason the breaker counts, exported at 0 before the first one happens, so that
+# Every refusal reason admission counts, exported at 0 before the first one happens, so that
 # rate() and alerts see the series from the start.
 REFUSAL_REASONS = ("queue_full", "predicted_timeout", "shutting_down")
 
@@ -100,16 +108,27 @@ class Metrics:
         )
         self._state = _ServingState()
         registry.register(self._state)
+        # The process's own figures (start time, CPU, memory, open files), on this app's registry:
+        # a restart shows as a new start time, not only as counters that fell back to zero.
+        ProcessCollector(registry=registry)
 
-    def attach(self, batcher: Batcher, breaker: CircuitBreaker | None = None, model_name: str | None = None) -> None:
-        """Start observing ``batcher``'s batches, and export its state (and the breaker's) at scrape time.
+    def attach(
+        self,
+        batcher: Batcher,
+        admission: Admission | None = None,
+        model_name: str | None = None,
+        ready: Callable[[], bool] | None = None,
+    ) -> None:
+        """Start observing ``batcher``'s batches, and export its state (and admission's) at scrape time.
 
         ``model_name`` is the name clients use (``--model-name``); the model's own, its source, is a
-        label too.
+        label too. ``ready`` is the readiness probe's own verdict, handed down by the layer that
+        owns it, so the gauge and ``/readyz`` can never disagree.
         """
         batcher.listeners.append(self.observe_batch)
         self._state.batcher = batcher
-        self._state.breaker = breaker
+        self._state.admission = admission
+        self._state.ready = ready
         description = describe_model(batcher.model)
         load_seconds = description.get("load_seconds")
         self._state.load_seconds = float(load_seconds) if isinstance(load_seconds, int | float) else None
@@ -150,30 +169,37 @@ class Metrics:
 
 
 class _ServingState(Collector):
-    """Figures read from the batcher and the breaker when scraped, so they never drift from them."""
+    """Figures read from the batcher and admission when scraped, so they never drift from them."""
 
     def __init__(self) -> None:
         self.batcher: Batcher | None = None
-        self.breaker: CircuitBreaker | None = None
+        self.admission: Admission | None = None
+        self.ready: Callable[[], bool] | None = None
         self.load_seconds: float | None = None
 
     def collect(self) -> Iterator[Metric]:
         batcher = self.batcher
         if batcher is None:  # the model is not loaded yet
             return
+        if self.ready is not None:
+            yield GaugeMetricFamily(
+                "maskserve_ready",
+                "1 while /readyz answers 200 (loaded, not draining, not stuck), else 0; never load.",
+                value=1.0 if self.ready() else 0.0,
+            )
         yield GaugeMetricFamily("maskserve_queue_depth", "Texts waiting for the model now.", value=batcher.depth)
         yield GaugeMetricFamily(
             "maskserve_queue_limit", "Most texts that may wait (--max-queue).", value=batcher.limits.max_queue
         )
         yield GaugeMetricFamily(
             "maskserve_predicted_wait_seconds",
-            "Predicted wait for one more text now, from the measured cost; /readyz and the breaker use it.",
-            value=batcher.predicted_wait(extra_texts=1),
+            "Predicted wait for one more text now, from the measured cost; admission refuses at the door by it.",
+            value=batcher.predicted_wait(ONE_TEXT),
         )
         yield GaugeMetricFamily(
             "maskserve_inference_in_flight_seconds",
             "How long the forward pass in flight has been running; 0 when idle (/livez compares it "
-            "with --stall-timeout).",
+            "with the stall budget).",
             value=batcher.busy_for,
         )
         dropped = CounterMetricFamily(
@@ -185,13 +211,13 @@ class _ServingState(Collector):
         dropped.add_metric(["expired"], batcher.drops.expired)
         dropped.add_metric(["abandoned"], batcher.drops.abandoned)
         yield dropped
-        if self.breaker is not None:
+        if self.admission is not None:
             refused = CounterMetricFamily(
                 "maskserve_refused_requests",
-                "Requests the circuit breaker refused at the door with 503, by reason.",
+                "Requests admission refused with 503, at the door or once parsed, by reason.",
                 labels=["reason"],
             )
-            counts = self.breaker.refused
+            counts = self.admission.refused
             for reason in sorted(set(REFUSAL_REASONS) | set(counts)):
                 refused.add_metric([reason], counts[reason])
             yield refused

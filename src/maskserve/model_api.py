@@ -6,6 +6,7 @@ module, so tests can put a fault-injecting wrapper where the engine goes.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypedDict
@@ -31,10 +32,55 @@ class Query:
     input_ids: tuple[int, ...]
     top_k: int
     target_ids: tuple[int, ...] | None = None
+    # How many mask tokens input_ids holds, as the parser counted them: with top_k and the
+    # targets, it says how many predictions the text asks for, which is what its answer costs.
+    n_masks: int = 1
 
     @property
     def n_tokens(self) -> int:
         return len(self.input_ids)
+
+    @property
+    def predictions(self) -> int:
+        """Predictions this text is answered with: top_k per mask, or fewer targets."""
+        per_mask = self.top_k if self.target_ids is None else min(self.top_k, len(self.target_ids))
+        return self.n_masks * per_mask
+
+    @property
+    def prediction_tokens(self) -> int:
+        """Predictions x tokens: each prediction decodes the whole text again (its ``sequence``)."""
+        return self.predictions * self.n_tokens
+
+
+class Progress(Protocol):
+    """What the inference thread tells and asks while it answers a batch (the batcher implements it)."""
+
+    def forward_done(self) -> None:
+        """The forward pass is over; what follows is post-processing (top-k, decoding)."""
+        ...
+
+    def wanted(self, index: int) -> bool:
+        """Whether query ``index`` of the batch still has someone waiting for its answer.
+
+        Asked between texts and between masks: a text nobody waits for (its client left, its
+        deadline passed) gets no more work, and an empty answer.
+        """
+        ...
+
+
+def unwrap(predictions: TextPredictions) -> list[Prediction] | TextPredictions:
+    """One text's answer as the pipeline shapes it: a text with one mask answers that mask's
+    list, a text with several answers one list per mask.
+
+    This is the one place the pipeline's per-text unwrapping lives (getting it wrong spreads one
+    sentence's predictions over several callers); an answer to several texts is these, in a list.
+    """
+    return predictions[0] if len(predictions) == 1 else predictions
+
+
+def text_answer_json(predictions: TextPredictions) -> bytes:
+    """One text's answer (:func:`unwrap`) as JSON."""
+    return json.dumps(unwrap(predictions)).encode()
 
 
 class FillMaskModel(Protocol):
@@ -56,8 +102,17 @@ class FillMaskModel(Protocol):
         """Vocabulary ids for ``targets``, deduplicated; empty when none is usable."""
         ...
 
-    def predict(self, queries: Sequence[Query]) -> list[TextPredictions]:
-        """One :data:`TextPredictions` per query, in order, from one forward pass."""
+    def predict(self, queries: Sequence[Query], progress: Progress | None = None) -> list[TextPredictions]:
+        """One :data:`TextPredictions` per query, in order, from one forward pass.
+
+        With ``progress``, the model reports the end of the forward pass and skips the rest of the
+        work for any query no longer wanted (its answer is then an empty list).
+        """
+        ...
+
+    def prediction_bytes(self, input_ids: Sequence[int]) -> int:
+        """At most how many bytes one prediction for this text takes in the JSON answer (its
+        ``sequence`` repeats the whole text): a bound known before any work is done."""
         ...
 
     def describe(self) -> dict[str, str | int | float]:

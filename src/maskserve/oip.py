@@ -1,14 +1,17 @@
-"""The Open Inference Protocol ("KServe v2"), as KServe, Triton and MLServer serve it.
+"""The Open Inference Protocol ("KServe v2"), as its REST specification writes it.
 
-    GET  /v2                          server metadata
-    GET  /v2/health/live              200 while /livez would be; 400 otherwise (the protocol's 4xx)
-    GET  /v2/health/ready             200 while /readyz would be; 400 otherwise
-    GET  /v2/models/{model}           model metadata: a BYTES input "text", a BYTES output "predictions"
-    GET  /v2/models/{model}/ready     as /v2/health/ready, for the one model served
-    POST /v2/models/{model}/infer     fill-mask through the same parser, breaker, batcher and errors
+    GET  /v2, /v2/                                   server metadata
+    GET  /v2/health/live                             200 while /livez would be; 400 otherwise (the protocol's 4xx)
+    GET  /v2/health/ready                            200 while /readyz would be; 400 otherwise
+    GET  /v2/models/{model}[/versions/{version}]         model metadata: a BYTES input "text", a BYTES output
+    GET  /v2/models/{model}[/versions/{version}]/ready   as /v2/health/ready, for the one model served
+    POST /v2/models/{model}[/versions/{version}]/infer   fill-mask through the same parser, admission and batcher
 
-``{model}`` is ``--model-name``; any other name is a 404. Errors keep maskserve's one shape, whose
-``error`` string is what the protocol's clients read. The tensors' form is in oip_schemas.py.
+``{model}`` is ``--model-name`` and ``{version}`` is ``1``, the one version served (model metadata
+lists it); any other name or version is a 404 in maskserve's error shape, whose ``error`` string
+is what the protocol's clients read. Every model route answers with and without the version
+segment, as the specification lists them and as clients that pass a version (``tritonclient``'s
+``model_version``, KServe's) call them. The tensors' form is in oip_schemas.py.
 """
 
 from __future__ import annotations
@@ -18,13 +21,12 @@ from typing import Any
 from aiohttp import web
 
 from . import __version__
-from .deadlines import request_deadline
 from .errors import NotFound
+from .handling import answer, timing_headers
 from .health import live, probe_response, ready
-from .keys import MODEL_KEY, OIP_PARSER_KEY, PARSER_KEY, SETTINGS_KEY
+from .keys import service_of, state_of
 from .model_api import describe_model
 from .oip_schemas import DATATYPE, HEADER_LENGTH, INPUT_NAME, OUTPUT_NAME, infer_response
-from .views import answer, request_trace, timing_headers
 
 # The protocol says a failed health check is a 4xx; Triton answers 400, and so does maskserve.
 NOT_HEALTHY = 400
@@ -32,26 +34,34 @@ NOT_HEALTHY = 400
 PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "openvino": "openvino"}
 
 
-def _served_model(request: web.Request) -> str:
-    """The model the path names, when it is the one served; a 404 naming the right one otherwise."""
-    name = request.app[SETTINGS_KEY].model_name
+# The one version of the model this server serves: model metadata lists it, and a path may name it.
+MODEL_VERSION = "1"
+
+
+def _served_model(request: web.Request) -> tuple[str, str | None]:
+    """The model (and version, when the path names one) the path asks for, when it is the one served;
+    a 404 naming what is served otherwise."""
+    name = service_of(request.app).settings.model_name
     if request.match_info["model"] != name:
         raise NotFound(f"no model named {request.match_info['model']!r} here; this server serves {name!r}")
-    return name
+    version = request.match_info.get("version")
+    if version is not None and version != MODEL_VERSION:
+        raise NotFound(f"no version {version!r} of model {name!r} here; it serves version {MODEL_VERSION!r}")
+    return name, version
 
 
 async def server_metadata(request: web.Request) -> web.Response:
-    """``GET /v2``: who serves, and which protocol extensions."""
+    """``GET /v2`` and ``GET /v2/``: who serves, and which protocol extensions."""
     # binary_tensor_data: Triton's binary form of tensors, which tritonclient uses by default.
     return web.json_response({"name": "maskserve", "version": __version__, "extensions": ["binary_tensor_data"]})
 
 
 async def server_live(request: web.Request) -> web.Response:
-    return probe_response(request, live(request.app), "not_live", failed_status=NOT_HEALTHY)
+    return probe_response(request, live(service_of(request.app)), "not_live", failed_status=NOT_HEALTHY)
 
 
 async def server_ready(request: web.Request) -> web.Response:
-    return probe_response(request, ready(request.app), "not_ready", failed_status=NOT_HEALTHY)
+    return probe_response(request, ready(service_of(request.app)), "not_ready", failed_status=NOT_HEALTHY)
 
 
 async def model_ready(request: web.Request) -> web.Response:
@@ -61,13 +71,14 @@ async def model_ready(request: web.Request) -> web.Response:
 
 async def model_metadata(request: web.Request) -> web.Response:
     """``GET /v2/models/{model}``: the model's tensors: texts in, predictions (JSON) out."""
-    name = _served_model(request)
-    model = request.app.get(MODEL_KEY)
+    name, _ = _served_model(request)
+    loaded = service_of(request.app).loaded
+    model = loaded.model if loaded is not None else None
     description = describe_model(model) if model is not None else {}
     backend = str(description.get("backend", "torch"))
     metadata: dict[str, Any] = {
         "name": name,
-        "versions": ["1"],
+        "versions": [MODEL_VERSION],
         "platform": PLATFORMS.get(backend, "pytorch"),
         "inputs": [{"name": INPUT_NAME, "datatype": DATATYPE, "shape": [-1]}],
         "outputs": [{"name": OUTPUT_NAME, "datatype": DATATYPE, "shape": [-1]}],
@@ -79,12 +90,12 @@ async def model_metadata(request: web.Request) -> web.Response:
 
 async def infer(request: web.Request) -> web.Response:
     """``POST /v2/models/{model}/infer``: texts in, each text's predictions out, as ``POST /`` would."""
-    name = _served_model(request)
-    deadline = request_deadline(request)
-    with request_trace(request).step("maskserve.parse"):
+    name, version = _served_model(request)
+    service = service_of(request.app)
+    with state_of(request).trace.step("maskserve.parse"):
         body = await request.read()
-        parsed = request.app[OIP_PARSER_KEY].parse(body, request.headers.get(HEADER_LENGTH))
-        queries = request.app[PARSER_KEY].queries(parsed.request, request.app[MODEL_KEY])
-    answers = await answer(request, queries, deadline)
-    payload, headers = infer_response(name, parsed, [a.predictions for a in answers])
+        parsed = service.oip_parser.parse(body, request.headers.get(HEADER_LENGTH))
+        queries = await service.queries(parsed.request)
+    answers = await answer(request, queries)
+    payload, headers = infer_response(name, parsed, [a.json for a in answers], version=version)
     return web.Response(body=payload, headers={**headers, **timing_headers(answers)})

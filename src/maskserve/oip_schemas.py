@@ -25,8 +25,8 @@ from typing import Any
 import jsonschema
 
 from .errors import InvalidBody, InvalidInput
-from .model_api import TextPredictions
-from .schemas import FillMaskRequest, Limits, load_json
+from .schemas import FillMaskRequest, load_json, schema_error
+from .settings import Settings
 
 INPUT_NAME = "text"
 OUTPUT_NAME = "predictions"
@@ -36,7 +36,7 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 _LENGTH = struct.Struct("<I")
 
 
-def infer_request_schema(limits: Limits) -> dict[str, Any]:
+def infer_request_schema(limits: Settings) -> dict[str, Any]:
     """The JSON schema of an infer request's JSON (header), with this server's limits."""
     parameters = {"type": "object", "additionalProperties": {"type": ["string", "number", "boolean", "array"]}}
     return {
@@ -52,7 +52,10 @@ def infer_request_schema(limits: Limits) -> dict[str, Any]:
                         "oneOf": [
                             {"type": "string", "minLength": 1},
                             {"type": "array", "items": {"type": "string"}, "minItems": 1},
-                        ]
+                        ],
+                        "x-messages": {
+                            "oneOf": "parameters.targets must be a word, several comma-separated, or a list of words"
+                        },
                     },
                     "binary_data_output": {"type": "boolean"},
                 },
@@ -61,6 +64,10 @@ def infer_request_schema(limits: Limits) -> dict[str, Any]:
                 "type": "array",
                 "minItems": 1,
                 "maxItems": 1,
+                "x-messages": {
+                    "minItems": f'inputs must hold exactly one input, "{INPUT_NAME}"',
+                    "maxItems": f'inputs must hold exactly one input, "{INPUT_NAME}"',
+                },
                 "items": {
                     "type": "object",
                     "required": ["name", "shape", "datatype"],
@@ -101,24 +108,6 @@ class InferRequest:
     binary_output: bool
 
 
-def _describe(error: jsonschema.ValidationError) -> InvalidInput:
-    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".")
-    where = path or "body"
-    if error.validator == "const":
-        message = f"{where} must be {json.dumps(error.validator_value)}"
-    elif error.validator in {"minItems", "maxItems"} and where == "inputs":
-        message = f'inputs must hold exactly one input, "{INPUT_NAME}"'
-    elif error.validator == "required":
-        message = f"{where} needs {', '.join(repr(name) for name in error.validator_value)}"
-    elif error.validator in {"minimum", "maximum"}:
-        message = f"{where} must be between {error.schema.get('minimum', 0)} and {error.schema.get('maximum', '...')}"
-    elif error.validator == "oneOf" and where.endswith("targets"):
-        message = f"{where} must be a word, several comma-separated, or a list of words"
-    else:
-        message = f"{where}: {error.message}"[:300]
-    return InvalidInput(message, field=path or None)
-
-
 def _flatten(data: list[Any]) -> list[Any]:
     """Row-major elements of a (possibly nested) JSON tensor; its depth is bounded by the parser."""
     flat: list[Any] = []
@@ -155,7 +144,7 @@ def encode_bytes_tensor(items: Sequence[bytes]) -> bytes:
 class InferRequestParser:
     """Turns an infer request body into an :class:`InferRequest`, or raises a 4xx naming the problem."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: Settings) -> None:
         self.limits = limits
         self._validator = jsonschema.Draft202012Validator(infer_request_schema(limits))
 
@@ -164,7 +153,7 @@ class InferRequestParser:
         document = load_json(header, self.limits.max_json_depth)
         error = jsonschema.exceptions.best_match(self._validator.iter_errors(document))
         if error is not None:
-            raise _describe(error)
+            raise schema_error(error)
         tensor = document["inputs"][0]
         texts = self._texts(tensor, binary)
         parameters = document.get("parameters") or {}
@@ -243,18 +232,20 @@ class InferRequestParser:
         return tuple(word.strip() for word in words)
 
 
-def text_outputs(answers: Sequence[TextPredictions]) -> list[bytes]:
-    """Each text's predictions as ``POST /`` answers one text: one list, or one list per mask."""
-    return [json.dumps(answer[0] if len(answer) == 1 else answer).encode() for answer in answers]
-
-
 def infer_response(
-    model_name: str, request: InferRequest, answers: Sequence[TextPredictions]
+    model_name: str, request: InferRequest, texts_json: Sequence[bytes], *, version: str | None = None
 ) -> tuple[bytes, dict[str, str]]:
-    """The infer response's body and headers, in JSON or in the binary extension as asked."""
-    items = text_outputs(answers)
+    """The infer response's body and headers, in JSON or in the binary extension as asked.
+
+    Each text's output element is the JSON ``POST /`` answers for that text alone, as the
+    inference thread made it (``Answer.json``). ``model_version`` is there when the request named
+    a version, and the request's ``id`` is echoed.
+    """
+    items = list(texts_json)
     output: dict[str, Any] = {"name": OUTPUT_NAME, "datatype": DATATYPE, "shape": [len(items)]}
     response: dict[str, Any] = {"model_name": model_name, "outputs": [output]}
+    if version is not None:
+        response["model_version"] = version
     if request.id is not None:
         response["id"] = request.id
     if not request.binary_output:

@@ -15,10 +15,11 @@ from aiohttp import web
 from . import __version__
 from .deadlines import TIMEOUT_HEADER
 from .errors import MaskserveError
-from .keys import MODEL_KEY, ROUTE_ROLES_KEY, SETTINGS_KEY, RouteRoles
+from .keys import service_of
 from .middleware.errors import REQUEST_ID_HEADER
 from .oip_schemas import DATATYPE, HEADER_LENGTH, INPUT_NAME, OUTPUT_NAME, infer_request_schema
-from .schemas import Limits, request_schema
+from .schemas import request_schema
+from .service import RouteRoles
 from .settings import Settings
 
 OPENAPI_VERSION = "3.1.0"
@@ -43,11 +44,15 @@ ROUTE_NAMES = {
     ("get", "/info"): "info",
     ("get", "/openapi.json"): "openapi",
     ("get", "/v2"): "oip_server_metadata",
+    ("get", "/v2/"): "oip_server_metadata_slash",
     ("get", "/v2/health/live"): "oip_server_live",
     ("get", "/v2/health/ready"): "oip_server_ready",
     ("get", "/v2/models/{model}"): "oip_model_metadata",
+    ("get", "/v2/models/{model}/versions/{version}"): "oip_model_metadata_version",
     ("get", "/v2/models/{model}/ready"): "oip_model_ready",
+    ("get", "/v2/models/{model}/versions/{version}/ready"): "oip_model_ready_version",
     ("post", "/v2/models/{model}/infer"): "oip_infer",
+    ("post", "/v2/models/{model}/versions/{version}/infer"): "oip_infer_version",
 }
 
 
@@ -66,7 +71,7 @@ def error_kinds() -> list[str]:
     return sorted(kinds)
 
 
-def _schemas(limits: Limits) -> dict[str, Schema]:
+def _schemas(limits: Settings) -> dict[str, Schema]:
     prediction = {
         "type": "object",
         "required": ["score", "token", "token_str", "sequence"],
@@ -143,7 +148,8 @@ def _schemas(limits: Limits) -> dict[str, Schema]:
             "required": ["model_name", "outputs"],
             "properties": {
                 "model_name": {"type": "string"},
-                "id": {"type": "string"},
+                "model_version": {"type": "string", "description": "The version, when the path named one."},
+                "id": {"type": "string", "description": "The request's id, echoed."},
                 "outputs": {
                     "type": "array",
                     "minItems": 1,
@@ -258,7 +264,7 @@ def _timing_headers() -> dict[str, Schema]:
     }
 
 
-def _fill_mask(settings: Settings, limits: Limits, mask_token: str) -> Schema:
+def _fill_mask(settings: Settings, limits: Settings, mask_token: str) -> Schema:
     example = f"Paris is the {mask_token} of France."
     raw_text = {"schema": {"type": "string", "minLength": 1, "maxLength": settings.max_text_chars}, "example": example}
     return {
@@ -325,6 +331,13 @@ MODEL_PARAMETER = {
     "description": "The model's name, --model-name; any other is a 404.",
     "schema": {"type": "string"},
 }
+VERSION_PARAMETER: Schema = {
+    "name": "version",
+    "in": "path",
+    "required": True,
+    "description": "The model's version: 1, the one served (model metadata lists it); any other is a 404.",
+    "schema": {"type": "string"},
+}
 
 
 def _oip_probe(summary: str, *, per_model: bool = False) -> Schema:
@@ -343,7 +356,7 @@ def _oip_probe(summary: str, *, per_model: bool = False) -> Schema:
     return probe
 
 
-def _oip_infer(settings: Settings, limits: Limits, mask_token: str) -> Schema:
+def _oip_infer(settings: Settings, limits: Settings, mask_token: str) -> Schema:
     example = f"Paris is the {mask_token} of France."
     return {
         "summary": "Open Inference Protocol inference: texts in, each text's predictions out",
@@ -352,7 +365,7 @@ def _oip_infer(settings: Settings, limits: Limits, mask_token: str) -> Schema:
             f'"{OUTPUT_NAME}" of the same shape, each element the JSON `POST /` answers for that text. '
             "`top_k` and `targets` (comma-separated, or a list) are request parameters. Tensors in JSON, or "
             f"in Triton's binary tensor data extension ({HEADER_LENGTH}; the answer follows the request's "
-            "binary_data / binary_data_output). Same limits, breaker, deadline and errors as `POST /`."
+            "binary_data / binary_data_output). Same limits, admission, deadline and errors as `POST /`."
         ),
         "tags": ["open inference protocol"],
         "parameters": [MODEL_PARAMETER],
@@ -388,28 +401,42 @@ def _oip_infer(settings: Settings, limits: Limits, mask_token: str) -> Schema:
     }
 
 
-def _oip_paths(settings: Settings, limits: Limits, mask_token: str) -> dict[str, Schema]:
+def _versioned(operation: Schema) -> Schema:
+    """The same operation on the path that also names the model's version."""
+    versioned = {**operation, "parameters": [*operation.get("parameters", []), VERSION_PARAMETER]}
+    versioned["responses"] = {
+        **operation["responses"],
+        "404": _error("No model of that name, or no such version of it, is served."),
+    }
+    return versioned
+
+
+def _oip_paths(settings: Settings, limits: Settings, mask_token: str) -> dict[str, Schema]:
     not_found = {"404": _error("No model of that name is served.")}
+    server_metadata = {
+        "summary": "Open Inference Protocol: server metadata",
+        "tags": ["open inference protocol"],
+        "responses": {"200": _ok("Who serves.", JSON, _ref("ServerMetadata"))},
+    }
+    model_metadata = {
+        "summary": "Open Inference Protocol: model metadata",
+        "tags": ["open inference protocol"],
+        "parameters": [MODEL_PARAMETER],
+        "responses": {"200": _ok("The model's tensors.", JSON, _ref("ModelMetadata"))} | not_found,
+    }
+    model_ready = _oip_probe("Open Inference Protocol: model ready", per_model=True)
+    infer = _oip_infer(settings, limits, mask_token)
     return {
-        "/v2": {
-            "get": {
-                "summary": "Open Inference Protocol: server metadata",
-                "tags": ["open inference protocol"],
-                "responses": {"200": _ok("Who serves.", JSON, _ref("ServerMetadata"))},
-            }
-        },
+        "/v2": {"get": server_metadata},
+        "/v2/": {"get": dict(server_metadata)},  # its own copy: each operation gets its own id
         "/v2/health/live": {"get": _oip_probe("Open Inference Protocol: server live (as /livez)")},
         "/v2/health/ready": {"get": _oip_probe("Open Inference Protocol: server ready (as /readyz)")},
-        "/v2/models/{model}": {
-            "get": {
-                "summary": "Open Inference Protocol: model metadata",
-                "tags": ["open inference protocol"],
-                "parameters": [MODEL_PARAMETER],
-                "responses": {"200": _ok("The model's tensors.", JSON, _ref("ModelMetadata"))} | not_found,
-            }
-        },
-        "/v2/models/{model}/ready": {"get": _oip_probe("Open Inference Protocol: model ready", per_model=True)},
-        "/v2/models/{model}/infer": {"post": _oip_infer(settings, limits, mask_token)},
+        "/v2/models/{model}": {"get": model_metadata},
+        "/v2/models/{model}/versions/{version}": {"get": _versioned(model_metadata)},
+        "/v2/models/{model}/ready": {"get": model_ready},
+        "/v2/models/{model}/versions/{version}/ready": {"get": _versioned(model_ready)},
+        "/v2/models/{model}/infer": {"post": infer},
+        "/v2/models/{model}/versions/{version}/infer": {"post": _versioned(infer)},
     }
 
 
@@ -446,13 +473,7 @@ def _demo(settings: Settings) -> Schema:
 
 def openapi_document(settings: Settings, roles: RouteRoles, mask_token: str = "[MASK]") -> dict[str, Any]:
     """The OpenAPI 3.1 document of this server, with ``settings``' limits."""
-    limits = Limits(
-        max_text_chars=settings.max_text_chars,
-        max_inputs=settings.max_inputs,
-        max_top_k=settings.max_top_k,
-        max_targets=settings.max_targets,
-        default_top_k=settings.default_top_k,
-    )
+    limits = settings  # the request limits are the settings' own
     not_found = {"404": _error("No such path.")}
     document: dict[str, Any] = {
         "openapi": OPENAPI_VERSION,
@@ -566,9 +587,6 @@ def openapi_document(settings: Settings, roles: RouteRoles, mask_token: str = "[
 
 async def openapi(request: web.Request) -> web.Response:
     """``GET /openapi.json``: the document, with this server's limits and its model's mask token."""
-    app = request.app
-    model = app.get(MODEL_KEY)
-    document = openapi_document(
-        app[SETTINGS_KEY], app[ROUTE_ROLES_KEY], model.mask_token if model is not None else "[MASK]"
-    )
-    return web.json_response(document)
+    service = service_of(request.app)
+    mask_token = service.loaded.model.mask_token if service.loaded is not None else "[MASK]"
+    return web.json_response(openapi_document(service.settings, service.routes, mask_token))

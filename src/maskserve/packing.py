@@ -2,8 +2,9 @@
 
 A padded batch costs ``texts x longest text`` tokens, so one short sentence batched with a long one
 pays for the long one's padding. Sorting by token length and cutting the sorted run where padding
-would cost more than an extra forward pass gives the same answers for less compute (FIELD.md §3
-item 7: 1.3-2.4x in user reports). Free functions on plain lists, testable without a queue.
+would cost more than an extra forward pass gives the same answers for less compute: with texts of
+mixed lengths, a large share of a padded batch is padding. Free functions on plain lists, testable
+without a queue.
 """
 
 from __future__ import annotations

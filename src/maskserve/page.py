@@ -9,14 +9,13 @@ Routes (see routes.py):
   form body there would be filled in as ``text=...`` instead of being decoded. A POST rather than
   a GET with the text in the URL, because a 10,000-character text does not fit in a request line.
 
-The page uses the API's parser, deadline, circuit breaker and batcher, so overload (503), timeout
+The page uses the API's parser, deadline, admission and batcher, so overload (503), timeout
 (504) and validation errors are the same decisions, rendered in plain words. Everything shown is
 escaped by Jinja's autoescape; nothing here marks text safe.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,7 +26,6 @@ import aiohttp_jinja2
 from aiohttp import web
 
 from .batcher import Answer
-from .deadlines import request_deadline
 from .errors import (
     DeadlineExceeded,
     InvalidBody,
@@ -38,10 +36,11 @@ from .errors import (
     ShuttingDown,
     TextTooLong,
 )
-from .keys import BREAKER_KEY, ERROR_KEY, ERROR_KIND_KEY, MODEL_KEY, PARSER_KEY, REQUEST_ID_KEY
+from .handling import admit_at_door, answer, note_error, timing_headers
+from .keys import service_of, state_of
 from .model_api import Prediction, describe_model
-from .schemas import FillMaskRequest, Limits
-from .views import answer, request_trace, timing_headers
+from .schemas import FillMaskRequest
+from .settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +218,7 @@ def page_error(error: MaskserveError) -> PageError:
     return PageError("Something went wrong", "The server could not answer this sentence. Try again.", "")
 
 
-def parse_top_k(raw: str, limits: Limits) -> int:
+def parse_top_k(raw: str, limits: Settings) -> int:
     if not raw.strip():
         return limits.default_top_k
     try:
@@ -241,8 +240,8 @@ def render(
     status: int = 200,
     headers: Mapping[str, str] | None = None,
 ) -> web.Response:
-    model = request.app[MODEL_KEY]
-    limits = request.app[PARSER_KEY].limits
+    service = service_of(request.app)
+    model, limits = service.model, service.settings
     examples = [example.format(mask=model.mask_token) for example in EXAMPLES]
     description = describe_model(model)
     context = {
@@ -280,8 +279,8 @@ async def demo_redirect(request: web.Request) -> web.Response:
 
 
 async def demo(request: web.Request) -> web.Response:
-    """``POST /demo``: the form's answer, through the API's breaker, parser, queue and deadline."""
-    # The form is read before the deadline and the breaker, unlike the API: a refusal must still
+    """``POST /demo``: the form's answer, through the API's admission, parser, queue and deadline."""
+    # The form is read before the deadline and admission, unlike the API: a refusal must still
     # show the typed text in the box, and a form is at most --max-body-bytes.
     try:
         form = await request.post()
@@ -290,25 +289,21 @@ async def demo(request: web.Request) -> web.Response:
     text, top_k = form.get("text", ""), form.get("top_k", "")
     text = text if isinstance(text, str) else ""
     top_k = top_k if isinstance(top_k, str) else ""
-    model = request.app[MODEL_KEY]
-    parser = request.app[PARSER_KEY]
+    service = service_of(request.app)
     try:
-        deadline = request_deadline(request)
-        request.app[BREAKER_KEY].check(deadline - asyncio.get_running_loop().time())
-        with request_trace(request).step("maskserve.parse"):
-            top_k_value = parse_top_k(top_k, parser.limits)
+        # The same admission as the API's circuit-breaking stage, then its parser, queue and deadline.
+        admit_at_door(request)
+        with state_of(request).trace.step("maskserve.parse"):
+            top_k_value = parse_top_k(top_k, service.settings)
             parsed = FillMaskRequest(texts=(text,), batched=False, top_k=top_k_value, targets=None)
-            queries = parser.queries(parsed, model)
-        answers = await answer(request, queries, deadline)
+            queries = await service.queries(parsed)
+        answers = await answer(request, queries)
     except MaskserveError as exc:
-        # The error middleware's bookkeeping (the kind for the access log, a warning for
-        # server-side failures), but the page shows the error in plain words.
-        request[ERROR_KIND_KEY] = exc.kind
-        request[ERROR_KEY] = exc
-        if exc.status >= 500:
-            log.warning("%s: %s [request_id=%s]", exc.kind, exc.message, request.get(REQUEST_ID_KEY, "-"))
+        # The error stage's bookkeeping, but the page shows the error in plain words.
+        note_error(request, exc)
         headers = {**exc.headers(), "Cache-Control": "no-store"}
         return render(request, text=text, top_k=top_k, error=page_error(exc), status=exc.status, headers=headers)
+    model = service.model
     result = build_result(text, model.mask_token, answers[0])
     # The answered page holds the typed text: no cache may keep it.
     headers = {**timing_headers(answers), "Cache-Control": "no-store"}

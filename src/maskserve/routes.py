@@ -5,13 +5,14 @@ from __future__ import annotations
 from aiohttp import web
 
 from . import health, info, oip, openapi, page, views
-from .keys import ROUTE_ROLES_KEY, RouteRoles
+from .keys import service_of
+from .service import RouteRoles
 
 ROUTE_ROLES = RouteRoles(
-    # Routes that queue work for the model: the circuit breaker may refuse these, and only these.
-    # Health, metrics, info and the demo page's GET are never shed; POST /demo consults the
-    # breaker itself, to show a refusal inline.
-    inference=frozenset({"fill_mask", "oip_infer"}),
+    # Routes that queue work for the model: the circuit-breaking stage may refuse these at the door,
+    # and only these. Health, metrics, info and the demo page's GET are never shed; POST /demo asks
+    # the same admission itself, to show a refusal inline.
+    inference=frozenset({"fill_mask", "oip_infer", "oip_infer_version"}),
     # Open without an API key: probes (they cannot be expected to hold secrets) and the demo
     # page's GETs, which run nothing. Unknown paths need the key, so the routes cannot be mapped.
     public=frozenset(
@@ -24,6 +25,7 @@ ROUTE_ROLES = RouteRoles(
             "oip_server_live",
             "oip_server_ready",
             "oip_model_ready",
+            "oip_model_ready_version",
         }
     ),
 )
@@ -35,7 +37,7 @@ def setup_routes(app: web.Application) -> None:
             web.post("/", views.fill_mask, name="fill_mask"),
             # The demo page. The form posts to /demo, never to /: POST / reads any non-JSON body as
             # raw text, so a urlencoded form there would be filled in, not decoded (see page.py).
-            # POST /demo consults the circuit breaker itself, to show a refusal inline.
+            # POST /demo asks admission itself, to show a refusal inline.
             web.get("/", page.index, name="index"),
             web.post("/demo", page.demo, name="demo"),
             web.get("/demo", page.demo_redirect, name="demo_redirect"),
@@ -47,14 +49,19 @@ def setup_routes(app: web.Application) -> None:
             web.get("/info", info.info, name="info"),
             # The OpenAPI 3.1 document of this table, with the limits this server enforces.
             web.get("/openapi.json", openapi.openapi, name="openapi"),
-            # The Open Inference Protocol (KServe v2, Triton, MLServer): the same model, breaker,
+            # The Open Inference Protocol (KServe v2, Triton, MLServer): the same model, admission,
             # batcher and errors; {model} is --model-name.
+            # Each model route with and without the version segment, as the protocol lists them.
             web.get("/v2", oip.server_metadata, name="oip_server_metadata"),
+            web.get("/v2/", oip.server_metadata, name="oip_server_metadata_slash"),
             web.get("/v2/health/live", oip.server_live, name="oip_server_live"),
             web.get("/v2/health/ready", oip.server_ready, name="oip_server_ready"),
             web.get("/v2/models/{model}", oip.model_metadata, name="oip_model_metadata"),
+            web.get("/v2/models/{model}/versions/{version}", oip.model_metadata, name="oip_model_metadata_version"),
             web.get("/v2/models/{model}/ready", oip.model_ready, name="oip_model_ready"),
+            web.get("/v2/models/{model}/versions/{version}/ready", oip.model_ready, name="oip_model_ready_version"),
             web.post("/v2/models/{model}/infer", oip.infer, name="oip_infer"),
+            web.post("/v2/models/{model}/versions/{version}/infer", oip.infer, name="oip_infer_version"),
         ]
     )
-    app[ROUTE_ROLES_KEY] = ROUTE_ROLES
+    service_of(app).routes = ROUTE_ROLES

@@ -17,25 +17,19 @@ from typing import Any
 
 import jsonschema
 
-from .errors import InvalidBody, InvalidInput, NoMaskToken, TextTooLong
-from .model_api import FillMaskModel, Prediction, Query, TextPredictions
+from .errors import (
+    InvalidBody,
+    InvalidInput,
+    NoMaskToken,
+    ResponseTooLarge,
+    TextTooLong,
+    TooManyMasks,
+    TooManyPredictions,
+)
+from .model_api import FillMaskModel, Query, TextPredictions, unwrap
+from .settings import Settings
 
 JSON_CONTENT_TYPES = frozenset({"application/json"})
-
-
-@dataclass(frozen=True)
-class Limits:
-    """The request limits from the settings."""
-
-    max_text_chars: int = 10_000
-    max_inputs: int = 64
-    max_top_k: int = 100
-    max_targets: int = 100
-    default_top_k: int = 5
-    # A valid body nests three levels ({"parameters": {"targets": [...]}}); the slack is for
-    # "options". Checked before schema validation, whose error messages repr the instance
-    # recursively: a body nested near Python's recursion limit would otherwise end in a 500.
-    max_json_depth: int = 32
 
 
 @dataclass(frozen=True)
@@ -50,15 +44,19 @@ class FillMaskRequest:
     location: str = "inputs"
 
 
-def request_schema(limits: Limits) -> dict[str, Any]:
+def request_schema(limits: Settings) -> dict[str, Any]:
     """The JSON schema of the Inference API body, with this server's limits."""
     text = {"type": "string"}
     return {
         "type": "object",
         "required": ["inputs"],
         "additionalProperties": False,
+        "x-messages": {"required": 'the JSON body needs "inputs": a string or a list of strings'},
         "properties": {
-            "inputs": {"oneOf": [text, {"type": "array", "items": text, "minItems": 1, "maxItems": limits.max_inputs}]},
+            "inputs": {
+                "oneOf": [text, {"type": "array", "items": text, "minItems": 1, "maxItems": limits.max_inputs}],
+                "x-messages": {"oneOf": "inputs must be a string or a non-empty list of strings"},
+            },
             "parameters": {
                 "type": ["object", "null"],
                 "additionalProperties": False,
@@ -69,7 +67,8 @@ def request_schema(limits: Limits) -> dict[str, Any]:
                             {"type": "null"},
                             text,
                             {"type": "array", "items": text, "minItems": 1, "maxItems": limits.max_targets},
-                        ]
+                        ],
+                        "x-messages": {"oneOf": "parameters.targets must be a string or a non-empty list of strings"},
                     },
                 },
             },
@@ -118,44 +117,51 @@ def load_json(text: str | bytes, max_depth: int) -> Any:
     return document
 
 
-def _describe(error: jsonschema.ValidationError) -> InvalidInput:
-    where = "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path) or "body"
-    where = where.lstrip(".")
-    field = "inputs" if error.validator == "required" else None if where == "body" else where
-    return InvalidInput(_message(error, where), field=field)
+def schema_error(error: jsonschema.ValidationError) -> InvalidInput:
+    """A JSON schema's complaint as a 422 that names the field, for every schema maskserve checks.
 
-
-def _message(error: jsonschema.ValidationError, where: str) -> str:
-    validator = error.validator
-    if validator == "additionalProperties":
-        # Named from the instance, a few at most: a body of 100,000 unknown keys must not be
-        # echoed back whole (found by fuzzing).
+    A schema may word its own message for a keyword, in ``"x-messages": {keyword: message}`` next to
+    it; otherwise the message is written from the keyword. Nothing of the instance is echoed but
+    what is needed, a few names at most: a body of 100,000 unknown keys must not come back whole
+    (found by fuzzing).
+    """
+    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".")
+    where = path or "body"
+    field: str | None = path or None
+    validator, value = error.validator, error.validator_value
+    if validator == "required" and isinstance(error.instance, dict):
+        missing = next((name for name in value if name not in error.instance), value[0])
+        field = f"{path}.{missing}" if path else str(missing)
+    own = error.schema.get("x-messages", {}).get(validator) if isinstance(error.schema, dict) else None
+    if own is not None:
+        message = str(own)
+    elif validator == "additionalProperties":
         known = error.schema.get("properties", {})
         unknown = [name for name in error.instance if name not in known]
         shown = ", ".join(json.dumps(name[:40]) for name in unknown[:3])
         more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
-        return f"{where}: unknown field{'s' if len(unknown) > 1 else ''} {shown}{more}"
-    if validator in {"maximum", "minimum"}:
-        return f"{where} must be between 1 and {error.schema.get('maximum', '...')}"
-    if validator == "maxItems":
-        return f"{where} holds more than {error.validator_value} items"
-    if validator == "minItems":
-        return f"{where} must not be empty"
-    if validator == "required":
-        return 'the JSON body needs "inputs": a string or a list of strings'
-    if validator == "oneOf" and where == "inputs":
-        return "inputs must be a string or a non-empty list of strings"
-    if validator == "oneOf" and where.endswith("targets"):
-        return "parameters.targets must be a string or a non-empty list of strings"
-    if validator == "type":
-        return f"{where} must be of type {error.validator_value}"
-    return f"{where}: invalid value"
+        message = f"{where}: unknown field{'s' if len(unknown) > 1 else ''} {shown}{more}"
+    elif validator in {"maximum", "minimum"}:
+        message = f"{where} must be between {error.schema.get('minimum', 0)} and {error.schema.get('maximum', '...')}"
+    elif validator == "maxItems":
+        message = f"{where} holds more than {value} items"
+    elif validator == "minItems":
+        message = f"{where} must not be empty"
+    elif validator == "required":
+        message = f"{where} needs {', '.join(json.dumps(name) for name in value)}"
+    elif validator == "const":
+        message = f"{where} must be {json.dumps(value)}"
+    elif validator == "type":
+        message = f"{where} must be of type {value}"
+    else:
+        message = f"{where}: invalid value"
+    return InvalidInput(message, field=field)
 
 
 class RequestParser:
     """Turns a body and its content type into a :class:`FillMaskRequest`, or raises a 4xx."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: Settings) -> None:
         self.limits = limits
         self._validator = jsonschema.Draft202012Validator(request_schema(limits))
 
@@ -173,7 +179,7 @@ class RequestParser:
         self._check_list_lengths(document)
         error = jsonschema.exceptions.best_match(self._validator.iter_errors(document))
         if error is not None:
-            raise _describe(error)
+            raise schema_error(error)
         inputs = document["inputs"]
         parameters = document.get("parameters") or {}
         targets = parameters.get("targets")
@@ -187,7 +193,7 @@ class RequestParser:
 
     def _check_list_lengths(self, document: Any) -> None:
         """Refuse over-long lists before schema validation, whose cost grows with every item: a
-        1 MB list of numbers in "inputs" held the event loop for seconds (found by fuzzing)."""
+        body-sized list of numbers in "inputs" held the event loop for seconds (found by fuzzing)."""
         if not isinstance(document, dict):
             return
         inputs = document.get("inputs")
@@ -212,10 +218,36 @@ class RequestParser:
                     "none of parameters.targets is in the model's vocabulary", field="parameters.targets"
                 )
         many = len(request.texts) > 1
-        return [
+        queries = [
             self._query(text, f"{request.location}[{index}]" if many else None, request, target_ids, model)
             for index, text in enumerate(request.texts)
         ]
+        self._check_answer_size(queries, model)
+        return queries
+
+    def _check_answer_size(self, queries: Sequence[Query], model: FillMaskModel) -> None:
+        """Refuse, before any work, an answer too costly to make or too big to send.
+
+        Every prediction decodes its whole text again (its ``sequence``), so the work after the
+        forward pass and the answer's size both grow with texts x masks x top_k x length.
+        """
+        limits = self.limits
+        predictions = sum(q.predictions for q in queries)
+        if predictions > limits.max_predictions:
+            masks = sum(q.n_masks for q in queries)
+            raise TooManyPredictions(
+                f"this request asks for {predictions} predictions ({len(queries)} texts with {masks} masks, "
+                f"top_k {queries[0].top_k}); the limit is {limits.max_predictions}: ask for a smaller top_k, "
+                "or send fewer texts or masks"
+            )
+        # The list brackets and separators, then each text's predictions at their largest.
+        size = 2 + sum(2 + q.predictions * model.prediction_bytes(q.input_ids) for q in queries)
+        if size > limits.max_response_bytes:
+            raise ResponseTooLarge(
+                f"the answer could take up to {size} bytes (each of its {predictions} predictions repeats its "
+                f"whole text), more than the limit of {limits.max_response_bytes}: ask for a smaller top_k, or "
+                "send fewer or shorter texts"
+            )
 
     def _query(
         self,
@@ -244,18 +276,24 @@ class RequestParser:
             raise TextTooLong(
                 f"{where} has {len(input_ids)} tokens; this model reads at most {model.max_tokens}", field=field
             )
-        if model.count_masks(input_ids) == 0:
+        masks = model.count_masks(input_ids)
+        if masks == 0:
             raise NoMaskToken(f"{where} holds no usable mask token; write {model.mask_token} exactly", field=field)
-        return Query(input_ids=input_ids, top_k=top_k, target_ids=target_ids)
+        if masks > self.limits.max_masks_per_text:
+            raise TooManyMasks(
+                f"{where} holds {masks} mask tokens; the limit is {self.limits.max_masks_per_text} a text", field=field
+            )
+        return Query(input_ids=input_ids, top_k=top_k, target_ids=target_ids, n_masks=masks)
 
 
 def shape_response(request: FillMaskRequest, answers: Sequence[TextPredictions]) -> Any:
-    """The pipeline's output shape: unwrap single masks, then a single (non-list) input.
-
-    This is the one place the pipeline's unwrapping rules live (FIELD.md §6: getting them wrong
-    spreads one sentence's predictions over several callers).
-    """
-    per_text: list[list[Prediction] | TextPredictions] = [
-        answer[0] if len(answer) == 1 else answer for answer in answers
-    ]
+    """The pipeline's output shape: each text's answer unwrapped (:func:`model_api.unwrap`), then
+    a single (non-list) input unwrapped too."""
+    per_text = [unwrap(answer) for answer in answers]
     return per_text if request.batched else per_text[0]
+
+
+def response_body(request: FillMaskRequest, texts_json: Sequence[bytes]) -> bytes:
+    """:func:`shape_response`'s JSON, from each text's own (made on the inference thread): the
+    event loop only joins them, whatever their size."""
+    return b"[" + b", ".join(texts_json) + b"]" if request.batched else texts_json[0]

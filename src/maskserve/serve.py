@@ -3,8 +3,9 @@
 On the first SIGTERM or SIGINT the server starts *draining* (see lifecycle.py): ``/readyz``
 answers 503 and every response carries ``Connection: close``, while new requests are still
 accepted and answered for ``--drain-delay`` seconds. A pod leaves its Service's endpoints at the
-moment it gets SIGTERM, and proxies and load balancers learn of it seconds later (FIELD.md §8): a
-server that closed its listener at once would refuse requests still being routed to it. After the
+moment it gets SIGTERM, and proxies and load balancers learn of it seconds later (kube-proxy and
+ingress controllers watch the endpoints, then reprogram): a server that closed its listener at once
+would refuse requests still being routed to it. After the
 delay (or at a second signal) the listener closes, what was accepted is answered within
 ``--drain-timeout`` (``app.drain_on_shutdown``), idle connections are closed, and :func:`serve`
 returns: the process exits 0.
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from .keys import LIFECYCLE_KEY, MODEL_KEY, SETTINGS_KEY
+from .keys import service_of
 from .logs import AccessLogger
 
 log = logging.getLogger("maskserve")
@@ -40,7 +41,8 @@ class StopSignals:
 
     def received(self, signum: int) -> None:
         name = signal.Signals(signum).name
-        lifecycle, settings = self.app[LIFECYCLE_KEY], self.app[SETTINGS_KEY]
+        service = service_of(self.app)
+        lifecycle, settings = service.lifecycle, service.settings
         if not lifecycle.start_draining():
             if not self.stop.is_set():
                 log.info("%s again: cutting the drain delay short", name)
@@ -70,7 +72,7 @@ class StopSignals:
 
 
 def make_runner(app: web.Application) -> web.AppRunner:
-    settings = app[SETTINGS_KEY]
+    settings = service_of(app).settings
     return web.AppRunner(
         app,
         handle_signals=False,  # StopSignals handles them: aiohttp's own would stop listening at once
@@ -91,15 +93,14 @@ async def serve(
     Listens on the settings' host and port, or on ``sockets`` already bound (a process manager's),
     and on ``private_socket``, a Unix socket for the server's own processes (workers.py).
     """
-    settings = app[SETTINGS_KEY]
+    settings = service_of(app).settings
     runner = make_runner(app)
     await runner.setup()
-    # The libraries and the model are now loaded: some 380,000 objects that live as long as the
-    # process. Collect start-up's garbage once, then move the rest out of the collector's sight.
-    # A full collection would otherwise walk them all (130-200 ms here, holding the GIL: the event
-    # loop stalls), and so would the interpreter's last collection at exit: a stopped server took
-    # 1.2-1.4 s to exit after serve() returned, 0.2 s with this (2 cores, default model), and a
-    # rolling restart waits for that replica by replica.
+    # The libraries and the model are now loaded: hundreds of thousands of objects that live as
+    # long as the process. Collect start-up's garbage once, then move the rest out of the
+    # collector's sight. A full collection would otherwise walk them all, holding the GIL (the
+    # event loop stalls), and so would the interpreter's last collection at exit, which a rolling
+    # restart waits for replica by replica (tests/test_serve.py times the exit).
     gc.collect()
     gc.freeze()
     signals = StopSignals(app)
@@ -114,8 +115,8 @@ async def serve(
         for site in sites:
             await site.start()
         signals.install()
-        model = app.get(MODEL_KEY)
-        log.info("serving %s on %s", model.name if model else "", ", ".join(site.name for site in sites))
+        loaded = service_of(app).loaded
+        log.info("serving %s on %s", loaded.model.name if loaded else "", ", ".join(site.name for site in sites))
         await signals.stop.wait()
         log.info("closing the listener")
     finally:

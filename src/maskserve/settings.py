@@ -13,7 +13,7 @@ import argparse
 import dataclasses
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ def available_cpus() -> int:
     """The CPUs this process may really use: affinity mask, then the cgroup v2/v1 quota.
 
     torch defaults to the *node's* core count, which oversubscribes a container limited to fewer
-    cores (kserve#1031, TorchServe PR #1138: up to 100x slower).
+    cores: its threads then wait for CPU time the quota never grants, and every pass is throttled.
     """
     try:
         cpus = len(os.sched_getaffinity(0))
@@ -271,6 +271,24 @@ class Settings:
     max_top_k: int = _setting(100, _positive_int, "Largest top_k a request may ask for.")
     max_targets: int = _setting(100, _positive_int, "Most targets a request may name.")
     default_top_k: int = _setting(5, _positive_int, "top_k when the request gives none (the pipeline's 5).")
+    max_masks_per_text: int = _setting(
+        8,
+        _positive_int,
+        "Most mask tokens in one text. Each mask costs a softmax over the vocabulary and top_k "
+        "predictions, each with its own decoded copy of the text; real sentences have a few.",
+    )
+    max_predictions: int = _setting(
+        2048,
+        _positive_int,
+        "Most predictions one request may ask for: texts x masks x top_k. Each prediction carries the "
+        "whole text decoded again (its 'sequence'), so this bounds the work after the forward pass.",
+    )
+    max_response_bytes: int = _setting(
+        4 * 1_048_576,
+        _positive_int,
+        "Largest answer, in bytes, that a request may ask for; checked against an upper bound before "
+        "the request is queued (422 response_too_large), so no work is spent on an answer too big to send.",
+    )
     drain_delay: float = _setting(
         0.0,
         _non_negative_float,
@@ -284,10 +302,26 @@ class Settings:
         "Seconds to finish queued work once the listener closes (after --drain-delay) before answering the rest 503.",
     )
     stall_timeout: float = _setting(
-        60.0,
+        10.0,
         _positive_float,
-        "Seconds one forward pass may run before /livez answers 503 (stuck inference thread). "
-        "Keep it well above your slowest batch, or a busy but healthy server gets restarted.",
+        "The least stall budget, in seconds: /livez answers 503 once one batch has held the inference "
+        "thread longer than the larger of this and four times the longest batch the limits admit "
+        "(predicted from the measured cost, see --warmup), so a stall means a bug, never a big request.",
+    )
+    warmup: bool = _setting(
+        True,
+        _flag,
+        "Before listening, run a few forward passes of short and longest texts: the first requests "
+        "then pay no one-time start-up cost, and admission, Retry-After and the stall budget start "
+        "from measured costs instead of none.",
+        flag_kind="bool",
+    )
+    agent_port: int = _setting(
+        0,
+        _port,
+        "A TCP port for HAProxy's agent-check: each connection reads one line, this server's weight "
+        "by its load (full when idle, lower as its queue and predicted wait grow, never zero) or "
+        "'drain' while it shuts down. A load signal for balancers, apart from /readyz. 0 = off.",
     )
     log_level: str = _setting("info", _choice("debug", "info", "warning", "error"), "Logging level.")
     log_json: bool = _setting(False, _flag, "Log one JSON object per line.", flag_kind="bool")
@@ -323,6 +357,19 @@ class Settings:
         "Comma-separated origins (https://app.example.com) whose pages may call this server from a "
         "browser, or * for any. Empty = CORS off.",
     )
+
+    @property
+    def max_text_predictions(self) -> int:
+        """The most predictions one text may ask for: its masks x top_k, within a request's limit."""
+        return min(self.max_masks_per_text * self.max_top_k, self.max_predictions)
+
+    @property
+    def max_json_depth(self) -> int:
+        """How deeply a JSON body may nest. A valid body nests three levels ({"parameters":
+        {"targets": [...]}}); the slack is for "options". Checked before schema validation, whose
+        error messages repr the instance recursively: a body nested near Python's recursion limit
+        would otherwise end in a 500. Not a setting: no valid request comes near it."""
+        return 32
 
     def resolved_threads(self) -> int:
         """The most threads a forward pass may use: ``--threads``, or this process's share of the
@@ -400,6 +447,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def contradictions(settings: Settings) -> Iterator[tuple[str, str, str]]:
+    """``(setting, other setting, why)`` for each pair of values that cannot both hold.
+
+    Each would start a server that misbehaves only later, under load or for one kind of request:
+    start-up refuses it instead (exit 2), naming both settings. Pairs that involve the middleware
+    chain are checked by the layer that builds it (see ``checks`` in :func:`load_settings`).
+    """
+    if settings.max_inputs > settings.max_queue:
+        yield (
+            "max_inputs",
+            "max_queue",
+            (
+                f"a request of more than {settings.max_queue} texts would be admitted by the limits and then "
+                "refused 503 forever, since the queue can never hold it"
+            ),
+        )
+    if settings.default_top_k > settings.max_top_k:
+        yield "default_top_k", "max_top_k", "a request that names no top_k would ask for more than any request may"
+    if settings.default_top_k > settings.max_predictions:
+        yield "default_top_k", "max_predictions", "a request of one text and one mask would already ask for too many"
+    if settings.max_batch_delay >= settings.request_timeout:
+        yield "max_batch_delay", "request_timeout", "a request could time out waiting for company before its batch ran"
+
+
 # A check of the settings by a higher layer, handed down at start-up (the middleware chain is
 # checked by the layer that builds it): it raises ValueError (SettingsError included) naming the
 # problem, and load_settings prefixes the flag or variable the value came from.
@@ -434,6 +505,13 @@ def load_settings(
             if variable is not None:
                 values[f.name], origins[f.name] = _parse(f, environ[variable], variable), variable
     settings = Settings(**values)
+    for first, second, reason in contradictions(settings):
+
+        def named(name: str) -> str:
+            shown = f"{origins.get(name, _flag_name(name))}={getattr(settings, name)!r}"
+            return shown if name in origins else f"{shown} (the default)"
+
+        raise SettingsError(f"{named(first)} contradicts {named(second)}: {reason}")
     for name, check in (checks or {}).items():
         try:
             check(settings)

@@ -3,7 +3,7 @@
 A handler opens its steps and reports how its texts were served on the request's
 :class:`RequestTrace`. With tracing off (the default) that is :data:`NO_TRACE`, whose methods do
 nothing and cost nothing; the tracing stage (``middleware/tracing.py``, ``maskserve[otel]``) puts a
-real one on the request (``keys.TRACE_KEY``).
+real one on the request's record (``RequestState.trace``).
 """
 
 from __future__ import annotations

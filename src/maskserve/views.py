@@ -1,56 +1,42 @@
-"""Request handlers. They parse, queue and shape; they never touch torch."""
+"""The API's handlers, `POST /` and `GET /metrics`: they parse, ask the service and shape; never torch."""
 
 from __future__ import annotations
 
-import time
+import logging
 from collections.abc import Sequence
 
 from aiohttp import web
 
 from .batcher import Answer
-from .deadlines import request_deadline
-from .keys import ANSWERS_KEY, BATCHER_KEY, METRICS_KEY, METRICS_PEERS_KEY, MODEL_KEY, PARSER_KEY, TRACE_KEY
+from .errors import ResponseTooLarge
+from .handling import answer, timing_headers
+from .keys import service_of, state_of
 from .metrics import merge_expositions
-from .model_api import Query
-from .schemas import shape_response
-from .traces import NO_TRACE, RequestTrace
+from .schemas import FillMaskRequest, response_body
+
+log = logging.getLogger(__name__)
 
 
-def timing_headers(answers: list[Answer]) -> dict[str, str]:
-    """How the request was served; with several texts, the slowest text's figures."""
-    return {
-        "X-Queue-Time-Ms": f"{max(a.queued_s for a in answers) * 1000:.2f}",
-        "X-Inference-Time-Ms": f"{max(a.inference_s for a in answers) * 1000:.2f}",
-        "X-Batch-Size": str(max(a.batch_size for a in answers)),
-    }
-
-
-def request_trace(request: web.Request) -> RequestTrace:
-    """The request's trace: the tracing stage's, or one that does nothing when tracing is off."""
-    trace = request.get(TRACE_KEY)
-    return NO_TRACE if trace is None else trace
-
-
-async def answer(request: web.Request, queries: Sequence[Query], deadline: float) -> list[Answer]:
-    """Queue a request's texts and wait for their answers: traced, and kept for the metrics."""
-    trace = request_trace(request)
-    queued_ns = time.time_ns()
-    answers = await request.app[BATCHER_KEY].answer(queries, deadline, trace.link)
-    trace.served(answers, queued_ns)
-    request[ANSWERS_KEY] = answers
-    return answers
+def json_answer(limit: int, parsed: FillMaskRequest, answers: Sequence[Answer]) -> web.Response:
+    """The pipeline's JSON for ``answers``, joined from each text's own (no encoding here)."""
+    body = response_body(parsed, [a.json for a in answers])
+    if len(body) > limit:
+        # The parser's bound is an upper bound, so this is a bug; the limit holds regardless.
+        log.error("an answer of %d bytes passed the bound of %d bytes; this is a bug", len(body), limit)
+        raise ResponseTooLarge(f"the answer takes {len(body)} bytes, more than the limit of {limit}")
+    return web.Response(body=body, content_type="application/json", headers=timing_headers(answers))
 
 
 async def fill_mask(request: web.Request) -> web.Response:
-    """``POST /``: raw text or the Inference API's JSON in, the pipeline's JSON out."""
-    deadline = request_deadline(request)
-    parser = request.app[PARSER_KEY]
-    with request_trace(request).step("maskserve.parse"):
+    """``POST /``: raw text or the Inference API's JSON in, the pipeline's JSON out. The
+    circuit-breaking stage has admitted it at the door; the service admits it again on its cost."""
+    service = service_of(request.app)
+    with state_of(request).trace.step("maskserve.parse"):
         body = await request.read()
-        parsed = parser.parse(body, request.content_type)
-        queries = parser.queries(parsed, request.app[MODEL_KEY])
-    answers = await answer(request, queries, deadline)
-    return web.json_response(shape_response(parsed, [a.predictions for a in answers]), headers=timing_headers(answers))
+        parsed = service.parser.parse(body, request.content_type)
+        queries = await service.queries(parsed)
+    answers = await answer(request, queries)
+    return json_answer(service.settings.max_response_bytes, parsed, answers)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -59,8 +45,8 @@ async def metrics(request: web.Request) -> web.Response:
     With ``--workers``, the whole server: every worker's series, labelled ``worker``; ``?scope=worker``
     asks for this process's alone (what the workers ask each other for).
     """
-    body, content_type = request.app[METRICS_KEY].exposition()
-    peers = request.app.get(METRICS_PEERS_KEY)
-    if peers is not None and request.query.get("scope") != "worker":
-        body = merge_expositions([(peers.worker, body), *await peers.expositions()])
+    service = service_of(request.app)
+    body, content_type = service.metrics.exposition()
+    if service.peers is not None and request.query.get("scope") != "worker":
+        body = merge_expositions([(service.peers.worker, body), *await service.peers.expositions()])
     return web.Response(body=body, headers={"Content-Type": content_type})

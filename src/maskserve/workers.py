@@ -4,9 +4,9 @@ gunicorn forks N workers; it replaces a worker that dies, and on SIGTERM it send
 worker and waits for them. Each worker listens on its own ``SO_REUSEPORT`` socket on the port, so
 the kernel spreads new connections evenly across the workers: with one shared socket, the worker
 that wakes first accepts a whole burst of connections at once (asyncio accepts up to its backlog
-per wake-up), and a keep-alive client then sends everything to it (measured: all of 64
-connections to one worker of two). A worker opens its socket only once its model is loaded, so no
-connection waits behind a load. Each worker is a whole
+per wake-up), and a keep-alive client then sends everything to it: one worker of two got every
+connection. A worker opens its socket only once its model is loaded, so no connection waits
+behind a load. Each worker is a whole
 maskserve: its own model (loaded after the fork: the arbiter never imports torch), queue,
 inference thread, and its share of the CPUs (``Settings.resolved_threads``). A worker
 follows a stop signal with the same drain as a single process (serve.py).
@@ -42,7 +42,7 @@ from gunicorn.errors import HaltServer
 from gunicorn.workers.base import Worker
 
 from .app import create_app, inference_thread, load_model
-from .keys import METRICS_PEERS_KEY
+from .keys import service_of
 from .middleware.auth import parse_api_keys
 from .model_api import FillMaskModel
 from .serve import serve
@@ -138,7 +138,7 @@ class MaskserveWorker(Worker):  # type: ignore[misc]
         settings: Settings = self.app.settings
         app = create_app(settings, engine=self.model, thread=self.thread)
         slot: int = self.slot
-        app[METRICS_PEERS_KEY] = WorkerPeers(self.app.run_dir, slot, settings.api_key)
+        service_of(app).peers = WorkerPeers(self.app.run_dir, slot, settings.api_key)
         private = WorkerPeers.socket_path(self.app.run_dir, slot)
         private.unlink(missing_ok=True)  # a dead predecessor's
         heartbeat = asyncio.create_task(self._heartbeat(app))

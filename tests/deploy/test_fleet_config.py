@@ -13,7 +13,7 @@ from .test_haproxy import haproxy_check
 
 pytestmark = pytest.mark.deploy
 
-REPLICAS = [Address(f"replica{i}", f"127.0.0.1{i}", 20000 + i) for i in (1, 2, 3)]
+REPLICAS = [Address(f"replica{i}", f"127.0.0.1{i}", 20000 + i, 21000 + i) for i in (1, 2, 3)]
 
 
 def render(tmp_path: Path, *, l7_retries: bool, template: Path = TEMPLATE) -> str:
@@ -34,11 +34,11 @@ def changed_lines(rendered: str) -> tuple[list[str], list[str]]:
 
 def test_rendering_changes_only_the_addresses_and_adds_a_read_only_stats_socket(tmp_path: Path) -> None:
     removed, added = changed_lines(render(tmp_path, l7_retries=True))  # as the example ships
-    assert removed == ["bind :8000", *[f"server replica{i} 127.0.0.1:800{i}" for i in (1, 2, 3)]]
+    assert removed == ["bind :8000", *[f"server replica{i} 127.0.0.1:800{i} agent-port 900{i}" for i in (1, 2, 3)]]
     assert added == [
         f"stats socket {tmp_path / 'haproxy.sock'} mode 600 level user",
         "bind 127.0.0.10:20000",
-        *[f"server replica{i} 127.0.0.1{i}:2000{i}" for i in (1, 2, 3)],
+        *[f"server replica{i} 127.0.0.1{i}:2000{i} agent-port 2100{i}" for i in (1, 2, 3)],
     ]
 
 
@@ -58,6 +58,7 @@ def test_haproxy_accepts_what_the_fleet_tests_run(tmp_path: Path, l7_retries: bo
 
 def test_the_example_starts_replicas_with_the_proven_drain_delay_and_a_share_of_the_cores() -> None:
     flags = documented_replica_flags()
+    assert "--agent-port" not in flags  # each replica gets its own
     assert flags[flags.index("--drain-delay") + 1] == "2"  # the drain the rolling restart proves
     assert flags[flags.index("--torch-threads") + 1] == "1"  # three replicas share the cores
 

@@ -16,7 +16,7 @@ from maskserve.settings import Settings
 pytestmark = pytest.mark.deploy
 
 CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "haproxy.cfg"
-L7_RETRIES = "retry-on conn-failure empty-response response-timeout 503"
+L7_RETRIES = "retry-on conn-failure empty-response 503"
 
 
 def haproxy_check(path: Path) -> subprocess.CompletedProcess[str]:
@@ -80,6 +80,30 @@ def test_replicas_are_checked_on_readyz_and_balanced_by_least_connections() -> N
     assert int(words[words.index("rise") + 1]) >= 2
     assert seconds(words[words.index("inter") + 1]) <= 1
     assert len([line for line in backend if line.startswith("server ")]) == 3
+
+
+def test_load_is_a_weight_from_each_replicas_agent_and_never_a_check() -> None:
+    backend = directives("backend maskserve")
+    (server_defaults,) = [line for line in backend if line.startswith("default-server ")]
+    words = server_defaults.split()
+    assert "agent-check" in words and seconds(words[words.index("agent-inter") + 1]) <= 1
+    # Room for the agent's percentages: 1% of 100 is still a weight of 1, never 0.
+    assert int(words[words.index("weight") + 1]) >= 100
+    servers = [line for line in backend if line.startswith("server ")]
+    agent_ports = [line.split()[line.split().index("agent-port") + 1] for line in servers]
+    assert len(set(agent_ports)) == len(servers) == 3
+    # Each replica is started with its own agent port, the one its server line reads.
+    started = re.search(r"--agent-port \$\(\(port\+(\d+)\)\)", CONFIG.read_text(encoding="utf-8"))
+    assert started is not None
+    ports = [int(line.split()[2].rsplit(":", 1)[1]) for line in servers]
+    assert [str(port + int(started.group(1))) for port in ports] == agent_ports
+
+
+def test_l7_retries_never_carry_a_request_that_may_have_run_to_another_replica() -> None:
+    # A timed-out request may be what holds its replica: retrying it spreads the harm (a query of
+    # death). Only requests that surely did not run, or whose replica died, are tried again.
+    retry = next(line for line in directives("backend maskserve") if line.startswith("retry-on "))
+    assert set(retry.split()[1:]) == {"conn-failure", "empty-response", "503"}
 
 
 def test_failed_connections_are_retried_on_another_replica() -> None:

@@ -47,6 +47,7 @@ def test_the_manifests_set_only_real_settings(rendered: list[Object]) -> None:
 def test_the_deploy_files_and_fleet_docs_name_only_real_settings() -> None:
     texts = {path: path.read_text(encoding="utf-8") for path in (ROOT / "deploy").rglob("*") if path.is_file()}
     texts[ROOT / "README.md"] = fleet_section()
+    texts[ROOT / "docs" / "operations.md"] = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
     for path, text in texts.items():
         unknown = set(VARIABLE.findall(text)) - SETTINGS
         assert not unknown, f"{path.relative_to(ROOT)} names {sorted(unknown)}, which are not settings"

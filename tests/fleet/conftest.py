@@ -36,7 +36,8 @@ SENTENCES = [
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Replica]]:
     log_dir = tmp_path_factory.mktemp("replicas")
     replicas = [
-        Replica(Address(f"replica{i}", host, free_port(host)), log_dir) for i, host in enumerate(REPLICA_HOSTS, 1)
+        Replica(Address(f"replica{i}", host, free_port(host), free_port(host)), log_dir)
+        for i, host in enumerate(REPLICA_HOSTS, 1)
     ]
     try:
         for replica in replicas:

@@ -10,10 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -26,14 +23,17 @@ from typing import Any
 from benchmarks.haproxy import Address, HAProxy, ServerState, documented_replica_flags
 from benchmarks.load import Expected, LoadResult, run_load
 
+from ..live_server import ServerProcess, start_maskserve, wait_until_ready
+
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 
 # The replicas run with the flags the example documents (--drain-delay 2 --torch-threads 1), so
 # what is proven here is what users start from. Added: --max-queue 32 (not 256), small enough
 # that the overload test can fill one replica's queue from this process; 16 clients spread over
-# the fleet never come near it, so it changes nothing in the other tests.
+# the fleet never come near it, so it changes nothing in the other tests. --max-inputs 32 with it:
+# start-up refuses a request limit that the queue could never hold.
 DOCUMENTED_FLAGS = documented_replica_flags()
-REPLICA_ARGS = (*DOCUMENTED_FLAGS, "--max-queue", "32")
+REPLICA_ARGS = (*DOCUMENTED_FLAGS, "--max-queue", "32", "--max-inputs", "32")
 DRAIN_DELAY_S = float(DOCUMENTED_FLAGS[DOCUMENTED_FLAGS.index("--drain-delay") + 1])
 # Start-up imports torch and transformers: 5-20 s on 2 busy cores.
 READY_TIMEOUT_S = 120.0
@@ -52,69 +52,50 @@ class Replica:
         self.name = address.name
         self.url = address.url
         self.log_path = log_dir / f"{address.name}.log"
-        self.process: subprocess.Popen[bytes] | None = None
-        self._log_offset = 0  # where the current run's output starts in the log
+        self.server: ServerProcess | None = None
 
     @property
     def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+        return self.server is not None and self.server.running
 
     def start(self) -> None:
         if self.running:
             raise RuntimeError(f"{self.name} is already running")
-        argv = [sys.executable, "-m", "maskserve", "--host", self.address.host, "--port", str(self.address.port)]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        with open(self.log_path, "ab") as log:  # the child keeps its own copy of the descriptor
-            self.process = subprocess.Popen(
-                [*argv, *REPLICA_ARGS], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
+        agent = ["--agent-port", str(self.address.agent_port)] if self.address.agent_port is not None else []
+        self.server = start_maskserve(
+            *agent,
+            *REPLICA_ARGS,
+            log_path=self.log_path,
+            host=self.address.host,
+            port=self.address.port,
+            own_process_group=True,
+        )
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Block until ``/readyz`` answers 200 (the model is loaded and the port open)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not self.running:
-                raise RuntimeError(f"{self.name} exited during start-up: {self.output()[-2000:]}")
-            with (
-                contextlib.suppress(OSError, urllib.error.URLError),
-                urllib.request.urlopen(self.url + "readyz", timeout=5) as response,
-            ):
-                if response.status == 200:
-                    return
-            time.sleep(0.1)
-        raise TimeoutError(f"{self.name} not ready within {timeout_s:.0f}s: {self.output()[-2000:]}")
+        assert self.server is not None
+        wait_until_ready(self.server, timeout_s)
 
     def send(self, signum: signal.Signals) -> None:
-        assert self.process is not None
-        self.process.send_signal(signum)
+        assert self.server is not None
+        self.server.signal(signum)
 
     def wait_exit(self, timeout_s: float) -> int:
-        assert self.process is not None
-        return self.process.wait(timeout_s)
+        assert self.server is not None
+        return self.server.wait(timeout_s)
 
     def output(self) -> str:
         """What the current (or last) run wrote."""
-        try:
-            with open(self.log_path, "rb") as log:
-                log.seek(self._log_offset)
-                return log.read().decode("utf-8", "replace")
-        except OSError:
-            return "(no log)"
+        return self.server.log() if self.server is not None else "(no log)"
 
     def kill_group(self) -> None:
         """SIGKILL the process group, whatever state it is in (teardown)."""
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(10)
+        if self.server is not None:
+            self.server.kill()
 
 
 class Rotation:
-    """HAProxy's view of its servers, polled every 10 ms on a thread: when each changed state.
+    """HAProxy's view of its servers, polled every 10 ms on a thread: when each changed state or weight.
 
     A thread, not a task: the event loop is busy with the clients, and a check result seen late
     would make the measured times look worse than HAProxy is.
@@ -134,7 +115,11 @@ class Rotation:
                 now = time.monotonic()
                 for name, state in states.items():
                     before = self.latest.get(name)
-                    if before is None or (before.status, before.check) != (state.status, state.check):
+                    if before is None or (before.status, before.check, before.weight) != (
+                        state.status,
+                        state.check,
+                        state.weight,
+                    ):
                         self.changes.append((now, name, state))
                 self.latest = states
 

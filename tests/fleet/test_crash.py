@@ -2,7 +2,7 @@
 
 A killed process answers nothing: the requests it held die with their connections, and new
 connections to its port are refused until the checks take it out. With ``retry-on conn-failure
-empty-response response-timeout`` (fill-mask changes nothing, so a request is safe to send twice)
+empty-response 503`` (fill-mask changes nothing, so a request is safe to send twice)
 HAProxy sends each of them again to another replica, and the clients never see the crash.
 """
 

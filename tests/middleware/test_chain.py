@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -15,11 +13,12 @@ from aiohttp.typedefs import Handler, Middleware
 from maskserve.app import SETTINGS_CHECKS, create_app
 from maskserve.engine import FillMaskEngine
 from maskserve.errors import INTERNAL_MESSAGE, MaskserveError
-from maskserve.keys import BATCHER_KEY, REQUEST_ID_KEY
+from maskserve.keys import SERVICE_KEY, state_of
 from maskserve.middleware.chain import BUILTIN_STAGES, ENTRY_POINT_GROUP, MiddlewareError, build_chain, resolve
 from maskserve.settings import Settings, SettingsError, load_settings
 
 from ..conftest import ClientFactory
+from ..live_server import run_maskserve
 from .test_errors import error_of
 
 PARIS = b"paris is the [MASK] of france."
@@ -48,7 +47,7 @@ class Recorder:
         @web.middleware
         async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
             # Inside the error sanitizer, the request id is already assigned.
-            EVENTS.append(f"{label} in" + (" with id" if REQUEST_ID_KEY in request else ""))
+            EVENTS.append(f"{label} in" + (" with id" if state_of(request).id != "-" else ""))
             try:
                 response = await handler(request)
             except MaskserveError as exc:
@@ -181,13 +180,7 @@ def test_settings_alone_never_build_the_chain() -> None:
 
 
 def test_cli_exits_2_on_a_bad_chain_before_loading_any_model() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "maskserve", "--model", "/no/such/model", "--middleware", "default,-errors"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_maskserve("--model", "/no/such/model", "--middleware", "default,-errors", timeout_s=60)
     assert result.returncode == 2
     assert "--middleware: middleware stage 'errors': is required" in result.stderr
     assert "Traceback" not in result.stderr
@@ -227,7 +220,7 @@ async def test_stages_sit_after_auth_and_around_the_breaker_as_declared(make_cli
     assert (await client.post("/", data=PARIS)).status == 401
     assert EVENTS == []
     # A refusal at the door: the stage before the breaker sees it raised; the one after never runs.
-    client.app[BATCHER_KEY].close()
+    client.app[SERVICE_KEY].batcher.close()
     await error_of(await client.post("/", data=PARIS, headers=auth), 503, "shutting_down")
     assert EVENTS == ["reads_nothing in with id", "reads_nothing raised shutting_down"]
     info = await (await client.get("/info", headers=auth)).json()
@@ -258,10 +251,29 @@ async def test_an_unmarked_middleware_works_without_deprecation_warnings(make_cl
 
 
 async def test_a_disabled_builtin_is_really_gone(make_client: ClientFactory) -> None:
-    client = await make_client(middleware="default,-auth", api_key=KEY)
+    client = await make_client(middleware="default,-metrics")
     assert (await client.post("/", data=PARIS)).status == 200
     info = await (await client.get("/info")).json()
-    assert info["middleware"] == ["metrics", "errors", "circuit_breaker"]
+    assert info["middleware"] == ["errors", "circuit_breaker"]
+    assert b"maskserve_requests_total{" not in await (await client.get("/metrics")).read()
+
+
+@pytest.mark.parametrize(
+    ("spec", "setting", "stage"),
+    [
+        ("default,-auth", {"api_key": KEY}, "auth"),
+        ("default,-cors", {"cors_origins": "https://app.example.com"}, "cors"),
+        ("metrics,errors,circuit_breaker", {"api_key": KEY}, "auth"),
+    ],
+)
+def test_a_chain_without_the_stage_a_setting_turns_on_is_refused(
+    spec: str, setting: dict[str, str], stage: str
+) -> None:
+    with pytest.raises(MiddlewareError, match=f"leaves out {stage!r}"):
+        create_app(Settings(**setting), middlewares=spec)  # type: ignore[arg-type]
+    with pytest.raises(SettingsError, match=r"^--middleware: the chain .* leaves out"):
+        flags = [item for name, value in setting.items() for item in ("--" + name.replace("_", "-"), value)]
+        load_settings(["--middleware", spec, *flags], env={}, checks=SETTINGS_CHECKS)
 
 
 async def test_an_error_raised_in_a_custom_stage_is_sanitized(

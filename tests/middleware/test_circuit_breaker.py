@@ -7,21 +7,16 @@ import asyncio
 import aiohttp
 
 from maskserve.batcher import BatchReport
-from maskserve.keys import BATCHER_KEY, BREAKER_KEY
+from maskserve.keys import SERVICE_KEY
 
 from ..conftest import ClientFactory
-from ..fakes import ControlledModel, EchoModel, wait_for_depth, wait_until_entered
+from ..fakes import ControlledModel, EchoModel, holding, wait_for_depth, wait_until_entered
 
 
 async def test_full_queue_answers_503_with_retry_after_before_reading_the_body(make_client: ClientFactory) -> None:
     model = ControlledModel()
     client = await make_client(engine=model, max_queue=2, max_body_bytes=1024)
-    model.hold()
-    try:
-        busy = asyncio.create_task(client.post("/", data="a [MASK]"))
-        await wait_until_entered(model)
-        queued = [asyncio.create_task(client.post("/", data="b [MASK]")) for _ in range(2)]
-        await wait_for_depth(client.app[BATCHER_KEY], 2)
+    async with holding(client, model, queued=["b [MASK]", "b [MASK]"]) as held:
         # A body over the size limit would be a 413 if anything read it: the breaker answers first.
         response = await client.post("/", data=b"x" * 4096)
         assert response.status == 503
@@ -29,16 +24,14 @@ async def test_full_queue_answers_503_with_retry_after_before_reading_the_body(m
         body = await response.json()
         assert body["error_type"] == "overloaded"
         assert body["request_id"] == response.headers["X-Request-Id"]
-        assert client.app[BREAKER_KEY].refused["queue_full"] == 1
-    finally:
-        model.release()
-    assert all(r.status == 200 for r in await asyncio.gather(busy, *queued))
+        assert client.app[SERVICE_KEY].admission.refused["queue_full"] == 1
+    assert await held.statuses() == [200, 200, 200]
 
 
 async def test_predicted_wait_beyond_the_request_deadline_answers_503(make_client: ClientFactory) -> None:
     model = ControlledModel()
     client = await make_client(engine=model)
-    batcher = client.app[BATCHER_KEY]
+    batcher = client.app[SERVICE_KEY].batcher
     batcher.cost.observe(BatchReport(size=1, real_tokens=4, padded_tokens=4, seconds=3.0, failed=0))
     model.hold()
     try:
@@ -56,19 +49,16 @@ async def test_predicted_wait_beyond_the_request_deadline_answers_503(make_clien
 async def test_get_routes_are_never_shed(make_client: ClientFactory) -> None:
     model = ControlledModel()
     client = await make_client(engine=model, max_queue=1)
-    model.hold()
-    try:
-        busy = asyncio.create_task(client.post("/", data="a [MASK]"))
-        await wait_until_entered(model)
-        queued = asyncio.create_task(client.post("/", data="b [MASK]"))
-        await wait_for_depth(client.app[BATCHER_KEY], 1)
+    async with holding(client, model, queued=["b [MASK]"]) as held:
         assert (await client.post("/", data="c [MASK]")).status == 503
-        for path in ("/no-such-page", "/"):
-            response = await client.get(path)
-            assert response.status != 503, path
-    finally:
-        model.release()
-    await asyncio.gather(busy, queued)
+        # While inference requests are shed, every other route answers as it always does.
+        missing = await client.get("/no-such-page")
+        assert missing.status == 404 and (await missing.json())["error_type"] == "not_found"
+        page = await client.get("/")
+        assert page.status == 200 and page.content_type == "text/html"
+        for path in ("/livez", "/readyz", "/metrics", "/info", "/openapi.json"):
+            assert (await client.get(path)).status == 200, path
+    assert await held.statuses() == [200, 200]
 
 
 async def test_deadline_answers_504_at_once_while_the_model_is_stuck(make_client: ClientFactory) -> None:
@@ -122,13 +112,13 @@ async def test_queued_request_whose_deadline_passed_never_costs_a_forward_pass(m
     assert (await client.post("/", data="next [MASK]")).status == 200
     ran = [ids for batch in model.batches for ids in batch]
     assert EchoModel().encode("late late [MASK]") not in ran
-    assert client.app[BATCHER_KEY].drops.expired == 1
+    assert client.app[SERVICE_KEY].batcher.drops.expired == 1
 
 
 async def test_clients_that_disconnect_while_queued_are_dropped_before_inference(make_client: ClientFactory) -> None:
     model = ControlledModel()
     client = await make_client(engine=model)
-    batcher = client.app[BATCHER_KEY]
+    batcher = client.app[SERVICE_KEY].batcher
     model.hold()
     try:
         busy = asyncio.create_task(client.post("/", data="a [MASK]"))
@@ -163,7 +153,7 @@ async def test_poisoned_input_answers_500_alone_and_its_batch_neighbours_200(mak
         await wait_until_entered(model)
         texts = ["one [MASK]", "poison pill [MASK]", "three [MASK]", "four [MASK]"]
         tasks = [asyncio.create_task(client.post("/", data=t)) for t in texts]
-        await wait_for_depth(client.app[BATCHER_KEY], len(texts))
+        await wait_for_depth(client.app[SERVICE_KEY].batcher, len(texts))
     finally:
         model.release()
     await busy

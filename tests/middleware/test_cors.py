@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from maskserve.keys import BATCHER_KEY
+from maskserve.keys import SERVICE_KEY
 from maskserve.settings import SettingsError, load_settings
 
 from ..conftest import ClientFactory
@@ -52,7 +52,7 @@ async def test_errors_carry_cors_headers_so_a_page_can_read_them(make_client: Cl
     response = await client.post("/", data=PARIS, headers={"Origin": APP})
     await error_of(response, 401, "unauthorized")
     assert response.headers["Access-Control-Allow-Origin"] == APP
-    client.app[BATCHER_KEY].close()
+    client.app[SERVICE_KEY].batcher.close()
     refused = await client.post("/", data=PARIS, headers={"Origin": APP, "Authorization": f"Bearer {KEY}"})
     await error_of(refused, 503, "shutting_down")
     assert refused.headers["Access-Control-Allow-Origin"] == APP

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -12,33 +12,12 @@ from aiohttp import ClientResponse
 
 from maskserve.engine import FillMaskEngine
 from maskserve.errors import INTERNAL_MESSAGE
-from maskserve.model_api import Query, TextPredictions
+from maskserve.middleware.errors import new_request_id
 
 from ..conftest import ClientFactory
+from ..fakes import ControlledModel
 
 PARIS = b"paris is the [MASK] of france."
-
-
-class ExplodingEncoder:
-    """A model whose tokenizer fails unexpectedly, with a message full of secrets."""
-
-    def __init__(self, engine: FillMaskEngine) -> None:
-        self.engine = engine
-        self.name = engine.name
-        self.mask_token = engine.mask_token
-        self.max_tokens = engine.max_tokens
-
-    def encode(self, text: str) -> tuple[int, ...]:
-        raise RuntimeError("/secret/path boom")
-
-    def count_masks(self, input_ids: Sequence[int]) -> int:
-        return self.engine.count_masks(input_ids)
-
-    def resolve_targets(self, targets: Sequence[str]) -> tuple[int, ...]:
-        return self.engine.resolve_targets(targets)
-
-    def predict(self, queries: Sequence[Query]) -> list[TextPredictions]:
-        return self.engine.predict(queries)
 
 
 # Keys an error body may carry besides the three every one has (errors.MaskserveError.details).
@@ -113,7 +92,9 @@ async def test_unsafe_caller_request_id_is_replaced(make_client: ClientFactory, 
 async def test_unexpected_exception_is_a_fixed_500_and_logged_with_traceback(
     make_client: ClientFactory, bert_engine: FillMaskEngine, caplog: pytest.LogCaptureFixture
 ) -> None:
-    client = await make_client(engine=ExplodingEncoder(bert_engine))
+    model = ControlledModel(bert_engine)
+    model.encode_error = RuntimeError("/secret/path boom")  # unexpected, its message full of secrets
+    client = await make_client(engine=model)
     with caplog.at_level(logging.ERROR, logger="maskserve"):
         response = await client.post("/", data=PARIS)
     error = await error_of(response, 500, "internal")
@@ -127,3 +108,18 @@ async def test_unexpected_exception_is_a_fixed_500_and_logged_with_traceback(
     assert "RuntimeError: /secret/path boom" in caplog.text and "Traceback" in caplog.text
     # One failure does not stop the server.
     assert (await client.post("/nowhere")).status == 404
+
+
+def test_new_request_ids_are_distinct_and_a_forked_process_gets_its_own() -> None:
+    ids = {new_request_id() for _ in range(1000)}
+    assert len(ids) == 1000 and all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: as a --workers worker would, right after the fork
+        os.write(write, new_request_id().encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    os.close(write)
+    assert child[:16] != new_request_id()[:16]

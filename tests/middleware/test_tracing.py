@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
-import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -22,7 +20,7 @@ from opentelemetry.trace import SpanKind
 
 import maskserve.tracing
 from maskserve.app import SETTINGS_CHECKS, create_app
-from maskserve.keys import BATCHER_KEY
+from maskserve.keys import SERVICE_KEY
 from maskserve.logs import AccessLogger
 from maskserve.middleware.chain import check_tracing
 from maskserve.middleware.tracing import TRACING_KEY
@@ -30,7 +28,7 @@ from maskserve.model_api import FillMaskModel
 from maskserve.settings import Settings, SettingsError, load_settings
 
 from ..fakes import ControlledModel, wait_for_depth, wait_until_entered
-from ..live_server import free_port
+from ..live_server import maskserve_process
 
 Client = TestClient[web.Request, web.Application]
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -52,7 +50,7 @@ def traced(aiohttp_client: Any, exporter: InMemorySpanExporter) -> Callable[...,
     """A client of ``create_app`` with tracing on, served with maskserve's access logger."""
 
     async def make(engine: FillMaskModel, **settings: Any) -> Client:
-        app = create_app(Settings(traces_exporter="console", **settings), engine=engine)
+        app = create_app(Settings(traces_exporter="console", **{"warmup": False, **settings}), engine=engine)
         server = TestServer(app)
         # TestServer turns handler cancellation on, as maskserve does.
         await server.start_server(access_log_class=AccessLogger, access_log=logging.getLogger("maskserve.access"))
@@ -103,7 +101,7 @@ async def test_one_batch_span_for_a_forward_pass_linked_to_every_request_it_serv
     first = asyncio.create_task(client.post("/", data="first [MASK]"))
     await wait_until_entered(model)
     together = [asyncio.create_task(client.post("/", data=f"t{n} [MASK] word")) for n in range(3)]
-    await wait_for_depth(client.app[BATCHER_KEY], 3)
+    await wait_for_depth(client.app[SERVICE_KEY].batcher, 3)
     model.release()
     assert [r.status for r in await asyncio.gather(first, *together)] == [200] * 4
     spans = finished(client, exporter)
@@ -138,7 +136,7 @@ async def test_a_refused_request_carries_the_reason_on_its_span(
     await wait_until_entered(model)
     late = asyncio.create_task(client.post("/", data=PARIS, headers={"X-Request-Timeout": "0.3"}))
     queued = asyncio.create_task(client.post("/", data=PARIS))
-    await wait_for_depth(client.app[BATCHER_KEY], 2)
+    await wait_for_depth(client.app[SERVICE_KEY].batcher, 2)
     refused = await client.post("/", data=PARIS)  # the queue is full
     assert (refused.status, (await late).status) == (503, 504)  # and the queued one ran out of time
     model.release()
@@ -196,37 +194,19 @@ def test_without_the_sdk_tracing_says_which_extra_to_install(monkeypatch: pytest
 
 
 @pytest.mark.slow
-async def test_the_console_exporter_prints_the_callers_trace_id() -> None:
+async def test_the_console_exporter_prints_the_callers_trace_id(tmp_path: Path) -> None:
     """End to end: ``OTEL_TRACES_EXPORTER=console python -m maskserve``, a request with a
     traceparent, then SIGTERM: the spans printed on the way out carry the caller's trace id."""
-    port = free_port()
-    env = {**os.environ, "OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "maskserve-e2e"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "maskserve", "--port", str(port), "--torch-threads", "1"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        async with aiohttp.ClientSession() as session:
-            for _ in range(300):
-                try:
-                    async with session.post(
-                        f"http://127.0.0.1:{port}/", data=PARIS, headers={"traceparent": TRACEPARENT}
-                    ) as response:
-                        assert response.status == 200
-                        break
-                except aiohttp.ClientConnectionError:
-                    assert process.poll() is None, "the server exited"
-                    await asyncio.sleep(0.2)
-        process.send_signal(signal.SIGTERM)
-        output, _ = await asyncio.to_thread(process.communicate, timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-    text = output.decode()
-    assert process.returncode == 0, text
+    env = {"OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "maskserve-e2e"}
+    with maskserve_process("--torch-threads", "1", log_dir=tmp_path, env=env) as server:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(server.url + "/", data=PARIS, headers={"traceparent": TRACEPARENT}) as response,
+        ):
+            assert response.status == 200
+        exit_code = await asyncio.to_thread(server.stop)
+        text = server.log()
+    assert exit_code == 0, text
     assert f'"trace_id": "0x{TRACE_ID}"' in text  # the HTTP span and its children, printed as JSON
     assert '"name": "maskserve.batch"' in text and '"service.name": "maskserve-e2e"' in text
     assert f"trace_id={TRACE_ID}" in text  # and the access line

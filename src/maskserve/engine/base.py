@@ -9,6 +9,7 @@ inference thread.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ import torch
 import transformers
 from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel
 
-from ..model_api import Prediction, Query, TextPredictions
+from ..model_api import Prediction, Progress, Query, TextPredictions
 from .cpu import describe_features, precision_in_effect
 
 log = logging.getLogger(__name__)
@@ -77,12 +78,12 @@ def _dtype_kwarg(dtype: torch.dtype) -> dict[str, Any]:
 
 
 # A small model's forward pass below PARALLEL_MIN_FLOPS runs on one thread; anything bigger, and
-# every pass of a model of at least PARALLEL_MIN_FLOPS_PER_TOKEN, on every allowed core.
-# Measured on 2 cores: the default model's batch of 32 (~1 GFLOP, 128-wide layers) took 33 ms on
-# 2 threads and 32 ms on 1 when idle, but 159 ms against 39 ms with one busy neighbour (the event
-# loop, a client, another process): torch's threads spin waiting for a core, and its small
-# matrices gain nothing from splitting. bert-base's 768-wide layers split well even for one short
-# text (113 ms on 2 threads, 127 ms on 1), and a batch of 32 took 1.08 s against 1.97 s.
+# every pass of a model of at least PARALLEL_MIN_FLOPS_PER_TOKEN, on every allowed core. Narrow
+# layers gain nothing from splitting their small matrices, and torch's threads spin waiting for a
+# core whenever the event loop, a client or another process holds one, so a small model's small
+# batch runs several times slower on two threads than on one as soon as anything else runs. Wide
+# layers (bert-base's 768) split well even for one short text. The benchmark's thread runs
+# (``python -m benchmarks.run``, "Backends, int8 and bf16") measure both sides of these bounds.
 PARALLEL_MIN_FLOPS = 2e9
 PARALLEL_MIN_FLOPS_PER_TOKEN = 2e7
 
@@ -198,6 +199,25 @@ def pad_batch(sequences: Sequence[Sequence[int]], pad_token_id: int) -> tuple[np
     return ids, attention
 
 
+# The bytes of one prediction's JSON besides its two texts: '{"score": ' and the other keys and
+# quotes (about 60), a score written in full ("2.2250738585072014e-308"), a token id, and the ", "
+# and brackets between predictions and masks; rounded up.
+PREDICTION_JSON_OVERHEAD = 128
+
+
+def piece_json_bytes(tokenizer: Any) -> np.ndarray:
+    """Per token id, the JSON bytes of its piece plus one (a space): what it can add to a decoded text.
+
+    Decoding writes each token as at most its piece (WordPiece drops ``##``, byte-level BPE and
+    SentencePiece turn several piece characters into one) and one space; JSON writes every
+    non-ASCII character as an escape, which only grows a piece's own bytes.
+    """
+    size = len(tokenizer)
+    pieces = tokenizer.convert_ids_to_tokens(list(range(size)))
+    longest = max((len(json.dumps(p)) for p in pieces if isinstance(p, str)), default=16)
+    return np.array([len(json.dumps(p)) - 1 if isinstance(p, str) else longest for p in pieces], dtype=np.int64)
+
+
 def probe_texts(tokenizer: Any) -> list[tuple[int, ...]]:
     """Token ids a backend checks itself on: two masks in one text, and a shorter text that pads."""
     m = tokenizer.mask_token
@@ -240,6 +260,8 @@ class FillMaskEngine:
         self.pad_token_id: int = tokenizer.pad_token_id
         self.max_tokens = max_tokens(config, tokenizer)
         self._vocab: dict[str, int] = tokenizer.get_vocab()
+        self._piece_bytes = piece_json_bytes(tokenizer)
+        self._longest_piece = int(self._piece_bytes.max()) if self._piece_bytes.size else 0
         # Filled in by the loader, for /info and the load-time metric.
         self.source: str = name
         self.load_seconds: float | None = None
@@ -264,13 +286,10 @@ class FillMaskEngine:
         for target in targets:
             id_ = self._vocab.get(target)
             if id_ is None:
+                # No truncation (max_length=1): setting it changes the shared tokenizer's state,
+                # which would race the inference thread's decoding.
                 pieces = self.tokenizer(
-                    target,
-                    add_special_tokens=False,
-                    return_attention_mask=False,
-                    return_token_type_ids=False,
-                    max_length=1,
-                    truncation=True,
+                    target, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False
                 )["input_ids"]
                 if not pieces:
                     continue
@@ -278,6 +297,17 @@ class FillMaskEngine:
             if id_ not in ids:
                 ids.append(id_)
         return tuple(ids)
+
+    def prediction_bytes(self, input_ids: Sequence[int]) -> int:
+        """At most how many bytes one prediction for this text takes in the JSON answer.
+
+        Its ``sequence`` decodes the text with one token swapped in; decoding never writes more
+        than each token's own piece plus a space (see :func:`piece_json_bytes`). The rest is the
+        keys, the score, the id and ``token_str``, one piece at most.
+        """
+        in_vocab = [i for i in input_ids if 0 <= i < self._piece_bytes.size]
+        text = int(self._piece_bytes[in_vocab].sum()) + self._longest_piece * (len(input_ids) - len(in_vocab))
+        return PREDICTION_JSON_OVERHEAD + 2 * self._longest_piece + text
 
     def describe(self) -> dict[str, str | int | float]:
         """How the model runs, for ``/info`` and the metrics: the HTTP side never imports torch."""
@@ -302,18 +332,36 @@ class FillMaskEngine:
     # -- the inference thread only ------------------------------------------------------------
 
     @torch.inference_mode()
-    def predict(self, queries: Sequence[Query]) -> list[TextPredictions]:
-        """Answer every query in one forward pass: one :data:`TextPredictions` per query."""
+    def predict(self, queries: Sequence[Query], progress: Progress | None = None) -> list[TextPredictions]:
+        """Answer every query in one forward pass: one :data:`TextPredictions` per query.
+
+        After the pass, each text's predictions are picked and decoded in turn, mask by mask;
+        ``progress`` is asked before each, so a text nobody waits for any more costs nothing
+        further (its answer is an empty list).
+        """
         if not queries:
             return []
         input_ids, attention_mask = self._pad([q.input_ids for q in queries])
         # Row-major, as torch.nonzero: masks in text order, texts in batch order.
         rows, cols = np.nonzero(input_ids == self.mask_token_id)
         probs = self._mask_logits(input_ids, attention_mask, rows, cols).float().softmax(dim=-1).cpu()
-        results: list[TextPredictions] = [[] for _ in queries]
-        for mask_row, query_index in enumerate(rows.tolist()):
-            results[query_index].append(self._top_predictions(queries[query_index], probs[mask_row]))
-        return [self._finish_sequences(query, text_result) for query, text_result in zip(queries, results)]
+        if progress is not None:
+            progress.forward_done()
+        # Each text's mask rows are one contiguous run of ``rows``, texts in batch order.
+        bounds = np.searchsorted(rows, np.arange(len(queries) + 1)).tolist()
+        results: list[TextPredictions] = []
+        for index, query in enumerate(queries):
+            text_result: TextPredictions = []
+            single_mask = bounds[index + 1] - bounds[index] == 1
+            for mask_row in range(bounds[index], bounds[index + 1]):
+                if progress is not None and not progress.wanted(index):
+                    text_result = []
+                    break
+                predictions = self._top_predictions(query, probs[mask_row])
+                self._fill_sequences(query, int(cols[mask_row]), predictions, single_mask)
+                text_result.append(predictions)
+            results.append(text_result)
+        return results
 
     def _mask_logits(
         self, input_ids: np.ndarray, attention_mask: np.ndarray, rows: np.ndarray, cols: np.ndarray
@@ -342,16 +390,12 @@ class FillMaskEngine:
             )
         return predictions
 
-    def _finish_sequences(self, query: Query, text_result: TextPredictions) -> TextPredictions:
+    def _fill_sequences(self, query: Query, position: int, predictions: list[Prediction], single_mask: bool) -> None:
         """Fill in ``sequence`` as the pipeline does: the text with this one candidate put in."""
         ids = np.array(query.input_ids, dtype=np.int64)
-        positions = [i for i, token in enumerate(query.input_ids) if token == self.mask_token_id]
-        single_mask = len(positions) == 1
-        for position, predictions in zip(positions, text_result):
-            for prediction in predictions:
-                filled = ids.copy()
-                filled[position] = prediction["token"]
-                # The pipeline strips pad tokens after filling the mask.
-                filled = filled[filled != self.pad_token_id]
-                prediction["sequence"] = self.tokenizer.decode(filled.tolist(), skip_special_tokens=single_mask)
-        return text_result
+        for prediction in predictions:
+            filled = ids.copy()
+            filled[position] = prediction["token"]
+            # The pipeline strips pad tokens after filling the mask.
+            filled = filled[filled != self.pad_token_id]
+            prediction["sequence"] = self.tokenizer.decode(filled.tolist(), skip_special_tokens=single_mask)

@@ -80,7 +80,7 @@ def one_line(exc: BaseException) -> str:
 
 
 def weights_digest(model: torch.nn.Module) -> str:
-    """sha256 over every tensor's name, dtype, shape and bytes (0.4 s for bert-base's 532 MB here).
+    """sha256 over every tensor's name, dtype, shape and bytes (a fraction of a second for bert-base).
 
     The content, not the files' sizes and dates: the key then follows what is exported whether
     the model came from a local folder or the hub, as safetensors or .bin, and a weight edited in
@@ -262,9 +262,9 @@ def _export_graph(model: PreTrainedModel, folder: Path) -> dict[str, Any]:
         OUTPUT: {0: "masks"},
     }
     # The TorchScript exporter, on purpose: on torch 2.13 the dynamo exporter's graph gave ONNX
-    # Runtime's fusion no Attention to fuse (0 of 2 layers of the default model, against 2 of 2,
-    # and 12 of 12 on bert-base), and took 10 s instead of 1 s. Its deprecation and tracer
-    # warnings are expected here, and only here.
+    # Runtime's fusion no Attention to fuse at all (the TorchScript one's fuses every layer), and
+    # it exported several times slower. Its deprecation and tracer warnings are expected here, and
+    # only here.
     with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(

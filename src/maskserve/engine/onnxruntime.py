@@ -58,14 +58,12 @@ def _onnxruntime() -> Any:
 def open_session(model_file: Path, threads: int) -> Any:
     """An ONNX Runtime CPU session on ``threads`` intra-op threads that sleep when idle.
 
-    One session, a fixed thread count: ORT fixes its pool when the session opens. Measured on 2
-    cores with another process busy on one of them: the default model's pass of 1 text took
-    2.1 ms on 2 threads and 2.2 ms on 1, 32 texts 56 ms and 72 ms; with spinning threads (ORT's
-    default) 4.6 ms and 68 ms, and torch's own spinning threads then slowed down too. With both
-    cores free, bert-base's shape took 46 ms on 2 threads and 71 ms on 1 for one text, 246 and
-    442 ms for 8. Spinning off, every allowed core helps at every batch size, so no second
-    1-thread session is kept (it would hold a second copy of the weights). Where other jobs
-    hold the cores anyway, ``--torch-threads 1`` loses nothing and may serve more (README).
+    One session, a fixed thread count: ORT fixes its pool when the session opens. Its threads
+    spin by default, which costs a busy neighbour (the event loop, torch's own threads) its core;
+    with spinning off, every allowed core helps at every batch size, on the default model and on
+    bert-base's shape alike, so no second 1-thread session is kept (it would hold a second copy of
+    the weights). Where other jobs hold the cores anyway, ``--torch-threads 1`` loses nothing and
+    may serve more (the benchmark's backend runs, ``python -m benchmarks.run``, measure it).
     """
     ort = _onnxruntime()
     options = ort.SessionOptions()

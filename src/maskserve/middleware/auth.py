@@ -18,7 +18,7 @@ from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler, Middleware
 
 from ..errors import Unauthorized
-from ..keys import ROUTE_ROLES_KEY
+from ..keys import service_of
 
 
 def parse_api_keys(text: str | None) -> tuple[str, ...]:
@@ -57,7 +57,7 @@ def auth_middleware(api_keys: Sequence[str]) -> Middleware:
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.match_info.route.name in request.app[ROUTE_ROLES_KEY].public:
+        if request.match_info.route.name in service_of(request.app).routes.public:
             return await handler(request)
         given = presented_key(request)
         if given is None:

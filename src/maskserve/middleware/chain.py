@@ -322,7 +322,22 @@ def build_chain(spec: Spec, settings: Settings) -> Chain:
             raise _fail(stage.name, f"the factory returned {type(middleware).__name__}, not a middleware")
         names.append(stage.name)
         middlewares.append(_as_new_style(middleware))
+    _check_settings_kept(names, settings)
     return Chain(tuple(names), tuple(middlewares))
+
+
+def _check_settings_kept(names: Sequence[str], settings: Settings) -> None:
+    """A maskserve setting that turns a stage on must find it in the chain: a chain that removed
+    ``auth`` while ``--api-key`` is set would serve every route without a key, silently."""
+    wanted = (
+        ("auth", bool(settings.api_key), "--api-key is set, so every route but the public ones must need the key"),
+        ("cors", bool(settings.cors_origins), "--cors-origins is set, so the named pages expect CORS headers"),
+    )
+    # Not tracing: OTEL_TRACES_EXPORTER is often set for every service on a platform, and
+    # ``-tracing`` is how one server opts out of it.
+    for stage, configured, reason in wanted:
+        if configured and stage not in names:
+            raise MiddlewareError(f"the chain ({', '.join(names)}) leaves out {stage!r}, but {reason}")
 
 
 def check_setting(settings: Settings) -> None:

@@ -12,7 +12,7 @@ import time
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from ..keys import ANSWERS_KEY, ERROR_KIND_KEY, METRICS_KEY
+from ..keys import service_of, state_of
 
 # nginx's code for "the client closed the connection before the answer": no response was sent.
 CLIENT_CLOSED = 499
@@ -24,12 +24,12 @@ def route_label(request: web.Request) -> str:
 
 
 def kind_label(request: web.Request, status: int) -> str:
-    return request.get(ERROR_KIND_KEY) or ("ok" if status < 400 else "error")
+    return state_of(request).kind or ("ok" if status < 400 else "error")
 
 
 @web.middleware
 async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    metrics = request.app[METRICS_KEY]
+    metrics = service_of(request.app).metrics
     started = time.perf_counter()
     try:
         response = await handler(request)
@@ -44,7 +44,7 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
     metrics.observe_request(
         route_label(request), response.status, kind_label(request, response.status), time.perf_counter() - started
     )
-    answers = request.get(ANSWERS_KEY)
+    answers = state_of(request).answers
     if answers:
         metrics.observe_answers(answers)
     return response

@@ -4,7 +4,7 @@ Off unless ``--traces-exporter`` / ``OTEL_TRACES_EXPORTER`` names an exporter, o
 adds it (``default,+tracing``). The HTTP server span is opened by
 ``opentelemetry-instrumentation-aiohttp-server``'s middleware, which continues an incoming W3C
 ``traceparent``; inside it this stage hands the handlers their :class:`~maskserve.traces.RequestTrace`
-(``keys.TRACE_KEY``), keeps the trace id for the access log, and marks an error's kind and a
+(on the request's record), keeps the trace id for the access log, and marks an error's kind and a
 refusal's reason on the span. It sits outermost, outside the error sanitizer: it sees every
 response as the client got it, and it raises nothing of its own.
 """
@@ -18,7 +18,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from opentelemetry import trace
 
-from ..keys import BATCHER_KEY, ERROR_KEY, TRACE_ID_KEY, TRACE_KEY
+from ..keys import service_of, state_of
 from ..tracing import ExporterFactory, Tracing, trace_id, tracer_provider
 
 # The stage's own state on the app. Declared here rather than in keys.py, which must import without
@@ -37,12 +37,11 @@ def tracing_middleware(exporters: Sequence[ExporterFactory]) -> Middleware:
 
         async def traced(request: web.Request) -> web.StreamResponse:
             span = trace.get_current_span()
-            request[TRACE_KEY] = state.request_trace(span)
-            found = trace_id(span)
-            if found is not None:
-                request[TRACE_ID_KEY] = found
+            record = state_of(request)
+            record.trace = state.request_trace(span)
+            record.trace_id = trace_id(span)
             response = await handler(request)
-            error = request.get(ERROR_KEY)
+            error = record.error
             if error is not None and span.is_recording():
                 span.set_attribute("error.type", error.kind)
                 reason = getattr(error, "reason", None)
@@ -78,5 +77,5 @@ def _tracing_context(
 
 async def _observe_batches(app: web.Application) -> None:
     # on_startup runs after every cleanup context has started, so the batcher exists by now.
-    batcher = app[BATCHER_KEY]
+    batcher = service_of(app).batcher
     batcher.listeners.append(app[TRACING_KEY].observe(batcher.model))

@@ -1,0 +1,51 @@
+"""What the handlers (the API, the demo page, the Open Inference Protocol) and the stages share:
+admission at the door, the path from queries to answers, the timing headers, and the bookkeeping
+of an error answered. Each rule lives here once, and every caller uses it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from .batcher import Answer
+from .deadlines import request_deadline
+from .errors import MaskserveError
+from .keys import service_of, state_of
+from .model_api import Query
+
+log = logging.getLogger(__name__)
+
+
+def admit_at_door(request: web.Request) -> None:
+    """Admission before the body is read; the deadline is fixed here, so reading the body counts."""
+    service_of(request.app).at_door(request_deadline(request))
+
+
+async def answer(request: web.Request, queries: Sequence[Query]) -> list[Answer]:
+    """Admit a request's texts on their whole cost, queue them and wait for their answers, which
+    are kept on the request for the metrics."""
+    state = state_of(request)
+    answers = await service_of(request.app).answer(queries, request_deadline(request), state.trace)
+    state.answers = answers
+    return answers
+
+
+def timing_headers(answers: Sequence[Answer]) -> dict[str, str]:
+    """How the request was served; with several texts, the slowest text's figures."""
+    return {
+        "X-Queue-Time-Ms": f"{max(a.queued_s for a in answers) * 1000:.2f}",
+        "X-Inference-Time-Ms": f"{max(a.inference_s for a in answers) * 1000:.2f}",
+        "X-Batch-Size": str(max(a.batch_size for a in answers)),
+    }
+
+
+def note_error(request: web.Request, error: MaskserveError) -> None:
+    """Record what a request was answered with; a server-side failure is logged (never its
+    client's mistakes). Called by the error stage, and by the demo page for the errors it shows."""
+    state = state_of(request)
+    state.kind, state.error = error.kind, error
+    if error.status >= 500 and error.kind != "internal":  # internal ones are logged with their traceback
+        log.warning("%s: %s [request_id=%s]", error.kind, error.message, state.id)
