@@ -213,6 +213,7 @@ def test_onnxruntime_backend_serves_the_default_model_and_reuses_its_export_on_r
             logs.append(server.log())
     assert "exporting" in logs[0] and "new export" in logs[0]
     assert "exporting" not in logs[1] and "cached export" in logs[1]
+    assert "CPU matrix features:" in logs[0]
     [entry] = [p for p in (tmp_path / "onnx").iterdir()]
     assert entry.name in logs[1]
 

@@ -25,6 +25,7 @@ from .base import (
     encoder_flops_per_token,
     load_pretrained,
 )
+from .cpu import describe_features
 from .onnx_export import (
     INPUTS,
     OUTPUT,
@@ -168,10 +169,11 @@ def load_onnx_engine(
     torch.set_num_threads(1)  # see OnnxFillMaskEngine._mask_logits
     root = cache_dir / "onnx"
     log.info(
-        "loading model from %s for onnxruntime (float32, %d threads, cache %s)",
+        "loading model from %s for onnxruntime (float32, %d threads, cache %s); CPU matrix features: %s",
         model or default_model_dir(),
         threads,
         root,
+        describe_features(),
     )
     # Eager attention: it is what ONNX Runtime's attention fusion recognises in the traced graph.
     loaded = load_pretrained(model, device=torch.device("cpu"), dtype=torch.float32, attn_implementation="eager")
