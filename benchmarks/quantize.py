@@ -1,13 +1,14 @@
 """Engine variants against torch float32: speed and top-1 agreement on the benchmark sentences.
 
 The variants: ``--quantize int8`` and ``--backend onnxruntime`` (float32), and on request
-``--dtype bfloat16`` on torch. All run in this process, in alternating rounds over the same
-batches (sorted by length as maskserve's packing would form them, one text at a time and in
-batches of 32), so every ratio is taken inside one run. Agreement is the share of sentences whose
-top answer (token) is the same as torch float32's.
+``--dtype bfloat16`` on torch and ``--backend openvino`` in float32 and bfloat16. All run in this
+process, in alternating rounds over the same batches (sorted by length as maskserve's packing
+would form them, one text at a time and in batches of 32), so every ratio is taken inside one run.
+Agreement is the share of sentences whose top answer (token) is the same as torch float32's.
 
     python -m benchmarks.quantize                      # both models, torch int8 and onnxruntime
     python -m benchmarks.quantize --models default --rounds 5 --variants int8,onnxruntime,bf16
+    python -m benchmarks.quantize --models bert-base --variants onnxruntime,openvino,bf16,openvino-bf16
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 import torch
 
 from maskserve.engine import FillMaskEngine, load_engine
+from maskserve.engine.cpu import describe_features
 from maskserve.model_api import Query
 from maskserve.settings import available_cpus
 
@@ -49,6 +51,15 @@ def _onnxruntime(path: Path, threads: int) -> FillMaskEngine:
     return load_onnx_engine(str(path), cache_dir=EXPORT_CACHE, threads=threads)
 
 
+def _openvino(dtype: str) -> Callable[[Path, int], FillMaskEngine]:
+    def load(path: Path, threads: int) -> FillMaskEngine:
+        from maskserve.engine.openvino import load_openvino_engine
+
+        return load_openvino_engine(str(path), cache_dir=EXPORT_CACHE, threads=threads, dtype=dtype)
+
+    return load
+
+
 REFERENCE = Variant("torch fp32", "", lambda p, t: load_engine(str(p), threads=t, adaptive_threads=True))
 VARIANTS = {
     "int8": Variant(
@@ -63,6 +74,9 @@ VARIANTS = {
         "--dtype bfloat16",
         lambda p, t: load_engine(str(p), threads=t, adaptive_threads=True, dtype="bfloat16"),
     ),
+    "openvino": Variant("openvino fp32", "--backend openvino", _openvino("float32")),
+    # Refused (exit 2) on a CPU without AMX or AVX-512 BF16.
+    "openvino-bf16": Variant("openvino bf16", "--backend openvino --dtype bfloat16", _openvino("bfloat16")),
 }
 
 
@@ -80,23 +94,6 @@ def rate(engine: FillMaskEngine, work: list[list[Query]]) -> float:
 
 def top1(engine: FillMaskEngine, work: list[list[Query]]) -> list[int]:
     return [answer[0][0]["token"] for batch in work for answer in engine.predict(batch)]
-
-
-def cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def native_bf16() -> str:
-    flags = cpu_flags()
-    found = sorted(flags & {"avx512_bf16", "amx_bf16", "amx_tile"})
-    return ", ".join(found) if found else "none (no avx512_bf16, no amx)"
 
 
 def measure(model: BenchModel, count: int, rounds: int, variants: Sequence[Variant]) -> list[str]:
@@ -150,9 +147,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}")
     if "onnxruntime" in keys and importlib.util.find_spec("onnxruntime") is None:
         raise SystemExit("the onnxruntime variant needs pip install 'maskserve[onnx]'")
+    if any(k.startswith("openvino") for k in keys) and importlib.util.find_spec("openvino") is None:
+        raise SystemExit("the openvino variants need pip install 'maskserve[openvino]'")
     variants = [VARIANTS[k] for k in keys]
     print(
-        f"torch {torch.__version__}, {available_cpus()} CPUs, native bf16: {native_bf16()}; "
+        f"torch {torch.__version__}, {available_cpus()} CPUs, CPU matrix features: {describe_features()}; "
         f"length-sorted batches of {' and '.join(map(str, BATCH_SIZES))}, median of {args.rounds} rounds"
     )
     header = " | ".join(f"batch {b}: sentences/s | batch {b}: × torch fp32" for b in BATCH_SIZES)

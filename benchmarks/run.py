@@ -3,10 +3,13 @@
     python -m benchmarks.run --quick     # ~20 minutes on 2 cores
     python -m benchmarks.run             # the full run: more requests and rounds
     python -m benchmarks.run --backends torch --no-extras   # maskserve on torch only
+    python -m benchmarks.run --quick --models bert-base --no-extras \
+        --backends torch,torch-bf16,onnxruntime,openvino,openvino-bf16   # the CPU's matrix units
 
 For each model (the default model; a random model of bert-base's shape) it starts the servers as
 subprocesses, then repeats rounds that take turns between (a) the seed design, (c) maskserve on
-each backend (torch, and onnxruntime when installed) in closed loops at each concurrency,
+each backend and precision (torch; torch bf16, onnxruntime, openvino and openvino bf16 when
+installed) in closed loops at each concurrency,
 (b) the offline pipeline at several batch sizes, plain and length-sorted, and (d) concurrency 1
 *interleaved* (interleaved.py): every sentence sent to each server in turn and to one offline
 pipeline call. On the default model two extra systems run at concurrency 64: maskserve with
@@ -37,6 +40,7 @@ from typing import Any
 import torch
 import transformers
 
+from maskserve.engine.cpu import describe_features, matrix_features, precision_in_effect
 from maskserve.settings import available_cpus
 
 from . import offline
@@ -49,8 +53,25 @@ from .servers import RssSampler, Server, free_port, maskserve_argv, rss_bytes, s
 
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.md"
 SEED, MASKSERVE, MASKSERVE_ORT = "seed design", "maskserve", "maskserve onnxruntime"
-# maskserve's system name per --backend; the onnxruntime export is cached under .bench-cache/.
-BACKEND_SYSTEMS = {"torch": MASKSERVE, "onnxruntime": MASKSERVE_ORT}
+MASKSERVE_BF16, MASKSERVE_OV, MASKSERVE_OV_BF16 = "maskserve bf16", "maskserve openvino", "maskserve openvino bf16"
+# maskserve's system name per --backends entry, and the flags that start it; the onnxruntime and
+# openvino graphs are cached under .bench-cache/.
+BACKEND_SYSTEMS = {
+    "torch": MASKSERVE,
+    "torch-bf16": MASKSERVE_BF16,
+    "onnxruntime": MASKSERVE_ORT,
+    "openvino": MASKSERVE_OV,
+    "openvino-bf16": MASKSERVE_OV_BF16,
+}
+BACKEND_FLAGS: dict[str, tuple[str, ...]] = {
+    "torch": (),
+    "torch-bf16": ("--dtype", "bfloat16"),
+    "onnxruntime": ("--backend", "onnxruntime"),
+    "openvino": ("--backend", "openvino"),
+    "openvino-bf16": ("--backend", "openvino", "--dtype", "bfloat16"),
+}
+# The module each entry needs installed.
+BACKEND_NEEDS = {"onnxruntime": "onnxruntime", "openvino": "openvino", "openvino-bf16": "openvino"}
 EXPORT_CACHE = CACHE_DIR / "maskserve-cache"
 # Extra systems, on the default model only, each measured at EXTRA_CONCURRENCY: what tracing costs,
 # and what a second worker gives. (name, extra flags, extra environment)
@@ -213,7 +234,7 @@ def maskserve_server(
     flags: Sequence[str] = (),
     env: dict[str, str] | None = None,
 ) -> Server:
-    extra = ["--backend", backend, "--cache-dir", str(EXPORT_CACHE)] if backend != "torch" else []
+    extra = [*BACKEND_FLAGS[backend], "--cache-dir", str(EXPORT_CACHE)]
     name = name or BACKEND_SYSTEMS[backend]
     port = free_port()
     log_path = log_dir / f"{name.replace(' ', '-').replace(',', '')}.log"
@@ -420,14 +441,58 @@ def interleaved_section(run: ModelRun) -> list[str]:
             f"| {name} | {pooled.p(name, 50):.2f} | {pooled.p(name, 90):.2f} | {against_seed} | {against_offline} | "
             f"{pooled.wrong[name]} / {pooled.failed[name]} |"
         )
-    if MASKSERVE in systems and MASKSERVE_ORT in systems:
-        per_round = [p.p(MASKSERVE_ORT, 50) / p.p(MASKSERVE, 50) for p in passes]
-        lines += [
-            "",
-            f"Concurrency 1 (interleaved): {MASKSERVE_ORT} p50 / {MASKSERVE} (torch) p50 = {ratio(per_round)} "
-            f"(median of per-round ratios, {', '.join(f'{x:.2f}' for x in per_round)}; lower is faster).",
-        ]
+    others = [name for name in systems if name in BACKEND_SYSTEMS.values() and name != MASKSERVE]
+    if MASKSERVE in systems and others:
+        lines.append("")
+    for other in others if MASKSERVE in systems else ():
+        per_round = [p.p(other, 50) / p.p(MASKSERVE, 50) for p in passes]
+        lines.append(
+            f"Concurrency 1 (interleaved): {other} p50 / {MASKSERVE} (torch) p50 = {ratio(per_round)} "
+            f"(median of per-round ratios, {', '.join(f'{x:.2f}' for x in per_round)}; lower is faster)."
+        )
     return lines
+
+
+def matrix_units_section(run: ModelRun) -> list[str]:
+    """The issue's targets for the CPU's matrix units, as ratios inside each round.
+
+    openvino float32 against onnxruntime applies on every CPU; the bfloat16 targets were set for
+    a CPU with AMX, and on any other the figures are given for what they are, not held to them.
+    """
+    passes = [r.interleaved for r in run.rounds if r.interleaved is not None]
+    c_high = max((c for (_, c) in run.rounds[0].loads), default=0) if run.rounds else 0
+    lines: list[str] = []
+
+    def c1_ratio(system: str, other: str) -> str:
+        return ratio([p.p(system, 50) / p.p(other, 50) for p in passes]) if passes else "not measured"
+
+    def rps_ratio(system: str, other: str) -> str:
+        return ratio([r.loads[system, c_high].rps / r.loads[other, c_high].rps for r in run.rounds])
+
+    if MASKSERVE_OV in run.systems and MASKSERVE_ORT in run.systems:
+        lines += [
+            f"- {MASKSERVE_OV} / {MASKSERVE_ORT}: req/s at c={c_high} {rps_ratio(MASKSERVE_OV, MASKSERVE_ORT)} "
+            f"(target ≥ 1); p50 at c=1, interleaved {c1_ratio(MASKSERVE_OV, MASKSERVE_ORT)} (target ≤ 1, "
+            "lower is faster)",
+        ]
+    bf16 = [s for s in (MASKSERVE_BF16, MASKSERVE_OV_BF16) if s in run.systems]
+    if bf16 and MASKSERVE in run.systems:
+        fastest = max(bf16, key=lambda s: median([r.loads[s, c_high].rps for r in run.rounds]))
+        amx = "amx_bf16" in matrix_features()
+        held = "target" if amx else "an AMX target, not held here"
+        lines += [
+            f"- fastest bfloat16 at c={c_high}: {fastest}, {rps_ratio(fastest, MASKSERVE)} the req/s of "
+            f"{MASKSERVE} (torch float32) ({held}: ≥ 3×); "
+            + ratio([r.loads[fastest, c_high].rps / r.offline_best(sorted_=True) for r in run.rounds])
+            + " the offline torch float32 pipeline's length-sorted best",
+            f"- {fastest} p50 at c=1, interleaved: {c1_ratio(fastest, MASKSERVE)} {MASKSERVE}'s ({held}: ≤ 0.35×)",
+        ]
+        if not amx:
+            lines.append(
+                f"- this CPU has no AMX ({describe_features()}): the bfloat16 figures above are "
+                f"{precision_in_effect('bfloat16', 'cpu')} figures, and the AMX targets were not measured"
+            )
+    return ["", "Matrix units (ratios are medians of per-round ratios):", "", *lines] if lines else []
 
 
 def extras_section(run: ModelRun) -> list[str]:
@@ -470,10 +535,12 @@ def render(runs: Sequence[ModelRun], concurrencies: Sequence[int], command: str,
         f"- date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC",
         f"- machine: {cpu_model()}, nproc {available_cpus()} (os.cpu_count {os.cpu_count()}), "
         f"Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}",
+        f"- CPU matrix features: {describe_features()} (bfloat16 here: {precision_in_effect('bfloat16', 'cpu')})",
         f"- torch threads: the offline pipeline gets the best of {offline_thread_counts()} (no client competes "
         f"with it); the seed design keeps torch's default ({available_cpus()}); maskserve its own default "
         f"(up to {available_cpus()}, one for a narrow model's small batches); maskserve onnxruntime "
-        f"{available_cpus()} ONNX Runtime threads that sleep when idle",
+        f"{available_cpus()} ONNX Runtime threads that sleep when idle; maskserve openvino {available_cpus()} "
+        "OpenVINO threads, one stream",
         "- req/s: correct answers per second, median of the rounds (min–max); ratios are medians of "
         "per-round ratios. Latencies pool all rounds. Offline = `pipeline(sentences, batch_size=b)` "
         "in-process, best b of the round.",
@@ -516,6 +583,7 @@ def render(runs: Sequence[ModelRun], concurrencies: Sequence[int], command: str,
         lines += [f"| {name} | {spread(rates)} | {b} |" for name, rates, b in offline_rows]
         lines += ["", *ratio_table(run, concurrencies)]
         lines += interleaved_section(run)
+        lines += matrix_units_section(run)
         lines += extras_section(run)
         if 1 in concurrencies:
             single = [percentile(r.single_call_ms, 50) for r in run.rounds]
@@ -527,10 +595,10 @@ def render(runs: Sequence[ModelRun], concurrencies: Sequence[int], command: str,
                     f"p50 {median(single):.2f} ms on the same mix: "
                     f"{median([a - b for a, b in zip(c1, single)]):+.2f} ms (median of per-round differences)."
                 )
-            if MASKSERVE in run.systems and MASKSERVE_ORT in run.systems:
-                p50s = [r.loads[MASKSERVE_ORT, 1].p(50) / r.loads[MASKSERVE, 1].p(50) for r in run.rounds]
+            for other in (s for s in run.systems if s != MASKSERVE) if MASKSERVE in run.systems else ():
+                p50s = [r.loads[other, 1].p(50) / r.loads[MASKSERVE, 1].p(50) for r in run.rounds]
                 lines.append(
-                    f"Concurrency 1: {MASKSERVE_ORT} p50 / {MASKSERVE} (torch) p50: {ratio(p50s)} "
+                    f"Concurrency 1: {other} p50 / {MASKSERVE} (torch) p50: {ratio(p50s)} "
                     "(median of per-round ratios; lower is faster)."
                 )
         mib = 1024 * 1024
@@ -549,6 +617,11 @@ def render(runs: Sequence[ModelRun], concurrencies: Sequence[int], command: str,
     return "\n".join(lines)
 
 
+def installed(backend: str) -> bool:
+    needs = BACKEND_NEEDS.get(backend)
+    return needs is None or importlib.util.find_spec(needs) is not None
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests and rounds (~10 minutes on 2 cores)")
@@ -560,9 +633,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--backends",
-        default="torch,onnxruntime" if importlib.util.find_spec("onnxruntime") else "torch",
-        help="maskserve's backends to measure, comma-separated: torch, onnxruntime (default: both when "
-        "onnxruntime is installed)",
+        default=",".join(b for b in BACKEND_SYSTEMS if installed(b)),
+        help=f"maskserve's backends and precisions to measure, comma-separated: {', '.join(BACKEND_SYSTEMS)} "
+        "(default: every one whose runtime is installed)",
     )
     parser.add_argument(
         "--extras",
@@ -587,6 +660,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if not backends or [b for b in backends if b not in BACKEND_SYSTEMS]:
         raise SystemExit(f"--backends: choose from {list(BACKEND_SYSTEMS)}")
+    missing = [b for b in backends if not installed(b)]
+    if missing:
+        raise SystemExit(f"--backends {','.join(missing)}: pip install 'maskserve[onnx,openvino]' first")
     runs = []
     for key in keys:
         plan = plans[key]

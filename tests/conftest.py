@@ -22,11 +22,15 @@ from .models import build_bert, build_roberta
 ClientFactory = Callable[..., Awaitable[TestClient[web.Request, web.Application]]]
 EngineOf = Callable[[str], FillMaskEngine]
 
-# The tox envs install the onnx extra, so CI runs every onnxruntime test; a bare checkout skips
-# them with this reason.
+# The tox envs install the onnx and openvino extras, so CI runs every onnxruntime and openvino
+# test; a bare checkout skips them with these reasons.
 HAS_ONNXRUNTIME = importlib.util.find_spec("onnxruntime") is not None
 NO_ONNXRUNTIME = "onnxruntime is not installed: pip install 'maskserve[onnx]'"
-BACKENDS = ("torch", "onnxruntime")
+HAS_OPENVINO = importlib.util.find_spec("openvino") is not None
+NO_OPENVINO = "openvino is not installed: pip install 'maskserve[openvino]'"
+BACKENDS = ("torch", "onnxruntime", "openvino")
+# The fixture name prefix of each backend's session engines (bert_engine, onnx_bert_engine, ...).
+ENGINE_PREFIX = {"torch": "", "onnxruntime": "onnx_", "openvino": "ov_"}
 
 
 @pytest.fixture(scope="session")
@@ -84,11 +88,37 @@ def onnx_default_engine(export_cache: Path) -> FillMaskEngine:
     return load_onnx(None, export_cache)
 
 
+def load_openvino(model: str | None, cache_dir: Path, dtype: str = "auto") -> FillMaskEngine:
+    if not HAS_OPENVINO:
+        pytest.skip(NO_OPENVINO)
+    from maskserve.engine.openvino import load_openvino_engine
+
+    return load_openvino_engine(model, cache_dir=cache_dir, threads=1, dtype=dtype)
+
+
+@pytest.fixture(scope="session")
+def ov_bert_engine(bert_dir: Path, export_cache: Path) -> FillMaskEngine:
+    return load_openvino(str(bert_dir), export_cache)
+
+
+@pytest.fixture(scope="session")
+def ov_roberta_engine(roberta_dir: Path, export_cache: Path) -> FillMaskEngine:
+    return load_openvino(str(roberta_dir), export_cache)
+
+
+@pytest.fixture(scope="session")
+def ov_default_engine(export_cache: Path) -> FillMaskEngine:
+    return load_openvino(None, export_cache)
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
-    """Each backend in turn; onnxruntime is skipped, with the reason, where it is not installed."""
+    """Each backend in turn; onnxruntime and openvino are skipped, with the reason, where they are
+    not installed."""
     if request.param == "onnxruntime" and not HAS_ONNXRUNTIME:
         pytest.skip(NO_ONNXRUNTIME)
+    if request.param == "openvino" and not HAS_OPENVINO:
+        pytest.skip(NO_OPENVINO)
     name: str = request.param
     return name
 
@@ -98,7 +128,7 @@ def engine_of(backend: str, request: pytest.FixtureRequest) -> EngineOf:
     """``engine_of("bert" | "roberta" | "default")``: this session's engine of it on ``backend``."""
 
     def get(model: str) -> FillMaskEngine:
-        engine: FillMaskEngine = request.getfixturevalue(f"{'onnx_' if backend == 'onnxruntime' else ''}{model}_engine")
+        engine: FillMaskEngine = request.getfixturevalue(f"{ENGINE_PREFIX[backend]}{model}_engine")
         return engine
 
     return get
@@ -111,6 +141,8 @@ def load_on_backend(backend: str, tmp_path: Path) -> Callable[[str | None], Fill
     def load(model: str | None) -> FillMaskEngine:
         if backend == "onnxruntime":
             return load_onnx(model, tmp_path / "cache")
+        if backend == "openvino":
+            return load_openvino(model, tmp_path / "cache")
         return load_engine(model, threads=1)
 
     return load

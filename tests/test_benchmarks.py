@@ -17,7 +17,7 @@ from benchmarks.models import BenchModel, default_model
 from benchmarks.sentences import MASK, WORD_COUNTS, WORDS, make_sentences
 from maskserve.engine import FillMaskEngine, default_model_dir
 
-from .conftest import HAS_ONNXRUNTIME, ClientFactory
+from .conftest import HAS_ONNXRUNTIME, HAS_OPENVINO, ClientFactory
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +143,7 @@ def test_one_run_measures_seed_maskserve_and_offline_and_renders_the_table(tmp_p
 
     plan = Plan(mix=8, requests={4: 8, EXTRA_CONCURRENCY: 64}, batch_sizes=(1, 4), rounds=2, time_cap_s=60)
     model = default_model()
-    backends = ("torch", "onnxruntime") if HAS_ONNXRUNTIME else ("torch",)
+    backends = ("torch", *(["onnxruntime"] if HAS_ONNXRUNTIME else []), *(["openvino"] if HAS_OPENVINO else []))
     systems = [BACKEND_SYSTEMS[b] for b in backends]
     concurrencies = [4, EXTRA_CONCURRENCY]
     run = run_model(
@@ -177,6 +177,41 @@ def test_one_run_measures_seed_maskserve_and_offline_and_renders_the_table(tmp_p
     if HAS_ONNXRUNTIME:
         assert f"| 4 | {MASKSERVE_ORT} | " in table and f"/ {MASKSERVE} (torch) |" in table
         assert f"{MASKSERVE_ORT} p50 / {MASKSERVE} (torch) p50 =" in table
+    if HAS_ONNXRUNTIME and HAS_OPENVINO:
+        assert "maskserve openvino / maskserve onnxruntime: req/s at c=64" in table
+
+
+def test_matrix_units_section_holds_bf16_to_the_amx_targets_only_on_amx(monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import run as bench
+    from benchmarks.interleaved import Interleaved
+
+    def load(rps: float) -> LoadResult:
+        return LoadResult(64, sent=int(rps), correct=int(rps), duration_s=1.0)
+
+    rates = {bench.MASKSERVE: 10, bench.MASKSERVE_ORT: 12, bench.MASKSERVE_OV: 15, bench.MASKSERVE_OV_BF16: 30}
+    round_ = bench.Round(
+        loads={(system, 64): load(rps) for system, rps in rates.items()},
+        offline={(True, 8): 20.0},
+        interleaved=Interleaved(
+            {
+                bench.MASKSERVE: [40.0],
+                bench.MASKSERVE_ORT: [30.0],
+                bench.MASKSERVE_OV: [24.0],
+                bench.MASKSERVE_OV_BF16: [12.0],
+            }
+        ),
+    )
+    run = bench.ModelRun(default_model(), bench.QUICK["bert-base"], 23.5, tuple(rates), rounds=[round_, round_])
+    monkeypatch.setattr(bench, "matrix_features", lambda: ("avx512_bf16", "avx512_vnni"))
+    text = "\n".join(bench.matrix_units_section(run))
+    assert "maskserve openvino / maskserve onnxruntime: req/s at c=64 1.25× (target ≥ 1)" in text
+    assert "p50 at c=1, interleaved 0.80× (target ≤ 1" in text
+    assert "fastest bfloat16 at c=64: maskserve openvino bf16, 3.00× the req/s of maskserve" in text
+    assert "an AMX target, not held here" in text and "the AMX targets were not measured" in text
+    assert "1.50× the offline torch float32 pipeline's length-sorted best" in text
+    monkeypatch.setattr(bench, "matrix_features", lambda: ("amx_bf16", "amx_tile", "avx512_bf16"))
+    text = "\n".join(bench.matrix_units_section(run))
+    assert "(target: ≥ 3×)" in text and "not measured" not in text
 
 
 def test_fleet_report_pairs_the_balancer_s_overhead_inside_each_round() -> None:

@@ -2,7 +2,8 @@
 
 Every case runs through one mixed batch (very different lengths, several ``top_k``, with and
 without targets, several masks) and is compared with the pipeline run on that text alone. Each
-test runs on the torch backend and on the onnxruntime one (skipped only where it is not installed).
+test runs on the torch backend, the onnxruntime one and the openvino one (each skipped only where
+it is not installed).
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ PARAMETERS: list[tuple[int, tuple[str, ...] | None]] = [
     (10, ("city", "zyzzyvaquux", "city", "dog")),
     (2, ("france",)),
 ]
-# Absolute, in float32. torch runs the pipeline's own kernels; ONNX Runtime's fused kernels sum in
-# another order, and are held to the issue's bound (measured: within 3e-7 on these models).
-SCORE_TOLERANCE = {"torch": 1e-5, "onnxruntime": 1e-4}
+# Absolute, in float32. torch runs the pipeline's own kernels; ONNX Runtime's and OpenVINO's fused
+# kernels sum in another order, and are held to the issue's bound.
+SCORE_TOLERANCE = {"torch": 1e-5, "onnxruntime": 1e-4, "openvino": 1e-4}
 
 
 def _pipeline(folder: str | Path) -> Any:

@@ -11,6 +11,7 @@ import transformers
 
 import maskserve
 from maskserve.engine import load_engine
+from maskserve.engine.cpu import describe_features
 
 from .conftest import ClientFactory
 from .fakes import ControlledModel, EchoModel
@@ -41,6 +42,7 @@ async def test_info_describes_model_runtime_settings_and_versions(make_client: C
     assert model["name"] == "support-bert"  # --model-name: what clients call it
     assert model["source"] == str(bert_dir)  # where it came from: a local folder, given by path
     assert (model["device"], model["dtype"]) == ("cpu", "float32")
+    assert (model["precision"], model["cpu_matrix_features"]) == ("float32", describe_features())
     assert model["torch_threads"] == 3
     assert model["load_seconds"] > 0
     assert model["quantize"] == "none"

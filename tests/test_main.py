@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import HAS_ONNXRUNTIME, NO_ONNXRUNTIME
+from .conftest import HAS_ONNXRUNTIME, HAS_OPENVINO, NO_ONNXRUNTIME, NO_OPENVINO
 from .live_server import maskserve_process, run_maskserve, start_maskserve
 from .models import build_bert, build_maskless
 
@@ -213,5 +213,36 @@ def test_onnxruntime_backend_serves_the_default_model_and_reuses_its_export_on_r
             logs.append(server.log())
     assert "exporting" in logs[0] and "new export" in logs[0]
     assert "exporting" not in logs[1] and "cached export" in logs[1]
+    assert "CPU matrix features:" in logs[0]
     [entry] = [p for p in (tmp_path / "onnx").iterdir()]
+    assert entry.name in logs[1]
+
+
+@pytest.mark.skipif(not HAS_OPENVINO, reason=NO_OPENVINO)
+def test_openvino_backend_refuses_what_it_does_not_run_with_exit_2(tmp_path: Path) -> None:
+    result = run_maskserve("--backend", "openvino", "--dtype", "float16", "--cache-dir", str(tmp_path), "--port", "0")
+    assert result.returncode == 2, result.stderr
+    [line] = [line for line in result.stderr.splitlines() if "cannot start" in line]
+    assert "--dtype float16" in line and "--backend torch" in line
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_OPENVINO, reason=NO_OPENVINO)
+def test_openvino_backend_serves_the_default_model_and_reuses_its_graph_on_restart(tmp_path: Path) -> None:
+    logs = []
+    for _ in range(2):
+        with maskserve_process(
+            "--backend", "openvino", "--cache-dir", str(tmp_path), "--threads", "1", log_dir=tmp_path
+        ) as server:
+            answer = post_raw(server.url + "/", b"Paris is the [MASK] of France.")
+            assert answer[0]["token_str"] == "city"
+            assert answer[0]["sequence"] == "paris is the city of france."
+            assert server.stop() == 0, server.log()
+            logs.append(server.log())
+    assert "converting" in logs[0] and "new graph" in logs[0]
+    assert "converting" not in logs[1] and "cached graph" in logs[1]
+    # The start-up log names the CPU's matrix features and the precision in effect.
+    assert "CPU matrix features:" in logs[0] and "on openvino float32" in logs[1]
+    [entry] = [p for p in (tmp_path / "openvino").iterdir()]
     assert entry.name in logs[1]

@@ -55,6 +55,11 @@ def test_what_it_cannot_run_is_refused_naming_the_setting(
     assert not (tmp_path / "onnx").exists()  # refused before anything is exported
 
 
+def test_bfloat16_is_sent_to_the_backends_that_run_it(bert_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(BackendUnavailable, match=r"use --backend openvino or --backend torch for it"):
+        load_onnx_engine(str(bert_dir), cache_dir=tmp_path, dtype="bfloat16")
+
+
 def test_without_onnxruntime_it_says_what_to_install(
     bert_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

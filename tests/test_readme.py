@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from maskserve import errors
-from maskserve.settings import ENV_PREFIX, Settings, env_names
+from maskserve.settings import ENV_PREFIX, Settings, env_names, flag_names
 
 from .test_layers import layer_table
 
@@ -36,9 +36,9 @@ def settings_table() -> str:
     """Markdown table of every setting: flag, environment variable, default, meaning."""
     rows = ["| flag | environment | default | meaning |", "| --- | --- | --- | --- |"]
     for f in dataclasses.fields(Settings):
-        flag = "--" + f.name.replace("_", "-")
+        flags = ", ".join(f"`{name}`" for name in flag_names(f))
         env = ", ".join(f"`{name}`" for name in env_names(f))
-        rows.append(f"| `{flag}` | {env} | `{_default(f.default)}` | {_cell(f.metadata['help'])} |")
+        rows.append(f"| {flags} | {env} | `{_default(f.default)}` | {_cell(f.metadata['help'])} |")
     return "\n".join(rows)
 
 

@@ -21,7 +21,7 @@ OTHER_VALUES: dict[str, tuple[str, object]] = {
     "device": ("auto", "auto"),
     "dtype": ("float16", "float16"),
     "quantize": ("int8", "int8"),
-    "torch_threads": ("3", 3),
+    "threads": ("3", 3),
     "backend": ("onnxruntime", "onnxruntime"),
     "cache_dir": ("/var/cache/maskserve", "/var/cache/maskserve"),
     "max_batch_size": ("7", 7),
@@ -57,7 +57,7 @@ BAD_VALUES: dict[str, str] = {
     "device": "tpu",
     "dtype": "int8",
     "quantize": "int4",
-    "torch_threads": "many",
+    "threads": "many",
     "backend": "tensorrt",
     "max_batch_size": "0",
     "max_batch_tokens": "-5",
@@ -116,7 +116,7 @@ def test_defaults_without_flags_or_environment() -> None:
     settings = load_settings([], env={})
     assert settings == Settings()
     assert (settings.host, settings.port, settings.model) == ("127.0.0.1", 8000, None)
-    assert (settings.device, settings.dtype, settings.torch_threads) == ("cpu", "auto", 0)
+    assert (settings.device, settings.dtype, settings.threads) == ("cpu", "auto", 0)
     assert (settings.max_batch_size, settings.max_batch_tokens, settings.max_batch_delay) == (32, 8192, 0.0)
     assert (settings.max_queue, settings.max_body_bytes, settings.max_text_chars) == (256, 1_048_576, 10_000)
     assert (settings.max_top_k, settings.default_top_k, settings.log_json) == (100, 5, False)
@@ -176,17 +176,28 @@ def test_bad_environment_value_names_variable_and_value(name: str) -> None:
     assert_names_value(str(caught.value), name)
 
 
-def test_negative_torch_threads_are_refused() -> None:
+def test_negative_threads_are_refused_naming_the_flag_given() -> None:
+    with pytest.raises(SettingsError, match=r"--threads: invalid value '-2'"):
+        load_settings(["--threads", "-2"], env={})
     with pytest.raises(SettingsError, match=r"--torch-threads: invalid value '-2'"):
         load_settings(["--torch-threads", "-2"], env={})
 
 
-def test_torch_threads_default_to_the_cpus_this_process_may_use_adaptively() -> None:
-    assert Settings().resolved_torch_threads() == available_cpus()
-    assert Settings().adaptive_torch_threads
-    assert not Settings(torch_threads=3).adaptive_torch_threads
+def test_torch_threads_is_the_older_name_of_threads_as_a_flag_and_a_variable() -> None:
+    assert load_settings(["--torch-threads", "3"], env={}).threads == 3
+    assert load_settings([], env={"MASKSERVE_TORCH_THREADS": "3"}).threads == 3
+    # The new name wins over the old, as a flag wins over a variable.
+    assert load_settings(["--threads", "2", "--torch-threads", "3"], env={}).threads == 2
+    assert load_settings([], env={"MASKSERVE_THREADS": "2", "MASKSERVE_TORCH_THREADS": "3"}).threads == 2
+    assert load_settings(["--torch-threads", "1"], env={"MASKSERVE_THREADS": "2"}).threads == 1
+
+
+def test_threads_default_to_the_cpus_this_process_may_use_adaptively() -> None:
+    assert Settings().resolved_threads() == available_cpus()
+    assert Settings().adaptive_threads
+    assert not Settings(threads=3).adaptive_threads
     assert 1 <= available_cpus() <= len(os.sched_getaffinity(0))
-    assert Settings(torch_threads=3).resolved_torch_threads() == 3
+    assert Settings(threads=3).resolved_threads() == 3
 
 
 def test_cache_dir_defaults_to_xdg_cache_home_then_home(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -49,9 +49,9 @@ def test_a_replacement_worker_takes_the_lowest_free_slot() -> None:
 
 
 def test_each_worker_gets_its_share_of_the_cpus() -> None:
-    assert Settings(workers=1).resolved_torch_threads() == available_cpus()
-    assert Settings(workers=available_cpus() * 4).resolved_torch_threads() == 1
-    assert Settings(workers=2, torch_threads=3).resolved_torch_threads() == 3  # explicit wins
+    assert Settings(workers=1).resolved_threads() == available_cpus()
+    assert Settings(workers=available_cpus() * 4).resolved_threads() == 1
+    assert Settings(workers=2, threads=3).resolved_threads() == 3  # explicit wins
 
 
 def children(pid: int) -> set[int]:

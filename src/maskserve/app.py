@@ -47,7 +47,18 @@ def load_model(settings: Settings) -> FillMaskModel:
             cache_dir=settings.resolved_cache_dir(),
             device=settings.device,
             dtype=settings.dtype,
-            threads=settings.resolved_torch_threads(),
+            threads=settings.resolved_threads(),
+            quantize=settings.quantize,
+        )
+    if settings.backend == "openvino":
+        from .engine.openvino import load_openvino_engine
+
+        return load_openvino_engine(
+            settings.model,
+            cache_dir=settings.resolved_cache_dir(),
+            device=settings.device,
+            dtype=settings.dtype,
+            threads=settings.resolved_threads(),
             quantize=settings.quantize,
         )
     from .engine import load_engine
@@ -56,8 +67,8 @@ def load_model(settings: Settings) -> FillMaskModel:
         settings.model,
         device=settings.device,
         dtype=settings.dtype,
-        threads=settings.resolved_torch_threads(),
-        adaptive_threads=settings.adaptive_torch_threads,
+        threads=settings.resolved_threads(),
+        adaptive_threads=settings.adaptive_threads,
         quantize=settings.quantize,
     )
 

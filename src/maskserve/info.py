@@ -34,10 +34,15 @@ def model_section(model: FillMaskModel | None, name: str) -> Section | None:
         "max_tokens": model.max_tokens,
         "device": description.get("device"),
         "dtype": description.get("dtype"),
+        # The precision a pass computes in and on what ("bfloat16 on AMX", "... emulated ..."),
+        # and the CPU's matrix units: what to read before choosing --dtype and --backend.
+        "precision": description.get("precision"),
+        "cpu_matrix_features": description.get("cpu_matrix_features"),
         "torch_threads": description.get("torch_threads"),
         "mask_only_head": description.get("mask_only_head"),
-        # The onnxruntime backend's own (null on torch): its threads, and the graph it runs.
+        # The onnxruntime and openvino backends' own (null on torch): threads, and the graph run.
         "onnxruntime_threads": description.get("onnxruntime_threads"),
+        "openvino_threads": description.get("openvino_threads"),
         "export_cache_key": description.get("export_cache_key"),
         "export_path": description.get("export_path"),
         "load_seconds": description.get("load_seconds"),
@@ -80,6 +85,7 @@ def server_info(
             "torch": description.get("torch_version"),
             "transformers": description.get("transformers_version"),
             "onnxruntime": description.get("onnxruntime_version"),
+            "openvino": description.get("openvino_version"),
             "aiohttp": aiohttp.__version__,
             "python": platform.python_version(),
         },

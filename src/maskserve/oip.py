@@ -31,7 +31,7 @@ from .oip_schemas import DATATYPE, HEADER_LENGTH, INPUT_NAME, OUTPUT_NAME, infer
 # The protocol says a failed health check is a 4xx; Triton answers 400, and so does maskserve.
 NOT_HEALTHY = 400
 # The protocol's platform names for what runs the model (its "Platforms" list has no eager PyTorch).
-PLATFORMS = {"onnxruntime": "onnxruntime_onnx"}
+PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "openvino": "openvino"}
 
 
 # The one version of the model this server serves: model metadata lists it, and a path may name it.

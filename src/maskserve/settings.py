@@ -191,7 +191,11 @@ class Settings:
     dtype: str = _setting(
         "auto",
         _choice("auto", "float32", "float16", "bfloat16"),
-        "Model weights dtype. auto = float32 on CPU, float16 on CUDA. Half precision is for CUDA.",
+        "Precision of the forward pass. auto = float32 on CPU (the pipeline's answers), float16 on "
+        "CUDA. bfloat16 on the CPU (torch, openvino): runs on the CPU's matrix units where it has AMX "
+        "(several times faster) or AVX-512 BF16 (/info names them), at a small cost in agreement with "
+        "float32 (README: Backends); without them it is emulated and slower than float32. float16: "
+        "CUDA only.",
     )
     quantize: str = _setting(
         "none",
@@ -199,12 +203,14 @@ class Settings:
         "int8 = dynamic int8 quantization of linear layers (CPU only): faster on CPU, answers may "
         "differ slightly from float32 (see the benchmark's top-1 agreement).",
     )
-    torch_threads: int = _setting(
+    threads: int = _setting(
         0,
         _non_negative_int,
-        "torch intra-op threads. 0 = auto: the CPUs this process may use (affinity and cgroup "
-        "aware) for batches big enough to gain from them, one thread for small ones, whose "
-        "threads would otherwise spin for cores the event loop needs. N = always N.",
+        "Threads of a forward pass, on every backend (torch intra-op, ONNX Runtime, OpenVINO). 0 = "
+        "auto: the CPUs this process may use (affinity and cgroup aware); on torch, one thread for "
+        "small batches, whose threads would otherwise spin for cores the event loop needs. N = "
+        "always N. --torch-threads is its older name.",
+        aliases=("torch_threads",),
     )
     workers: int = _setting(
         1,
@@ -215,18 +221,21 @@ class Settings:
     )
     backend: str = _setting(
         "torch",
-        _choice("torch", "onnxruntime"),
+        _choice("torch", "onnxruntime", "openvino"),
         "What runs the model. torch: any device, dtype and --quantize. onnxruntime (pip install "
         "'maskserve[onnx]'): CPU and float32 only; the model is exported to ONNX once (cached in "
         "--cache-dir) with attention, layer norm and GELU fused, and runs faster per pass, most of all "
-        "for a text or a few at a time. Its threads follow --torch-threads. Start-up exits 2 if the "
-        "export fails.",
+        "for a text or a few at a time. openvino (pip install 'maskserve[openvino]'): CPU, float32 or "
+        "--dtype bfloat16; the model is converted once (cached in --cache-dir) and uses the CPU's "
+        "matrix units. Their threads follow --threads. Start-up exits 2 if the export fails or the "
+        "backend cannot run what is asked.",
     )
     cache_dir: str | None = _setting(
         None,
         _optional_str,
         "Where maskserve keeps what it builds from a model: the onnxruntime backend's exports go in its "
-        "onnx/ subfolder, one per model, weights, settings and library versions (never stale). "
+        "onnx/ subfolder, the openvino backend's graphs and compiled models in openvino/, one per model, "
+        "weights, settings and library versions (never stale). "
         "Default: $XDG_CACHE_HOME/maskserve, else ~/.cache/maskserve.",
     )
     max_batch_size: int = _setting(
@@ -362,10 +371,10 @@ class Settings:
         would otherwise end in a 500. Not a setting: no valid request comes near it."""
         return 32
 
-    def resolved_torch_threads(self) -> int:
-        """The most torch threads a forward pass may use: ``--torch-threads``, or this process's
-        share of the usable CPUs (all of them with one worker)."""
-        return self.torch_threads if self.torch_threads > 0 else max(1, available_cpus() // self.workers)
+    def resolved_threads(self) -> int:
+        """The most threads a forward pass may use: ``--threads``, or this process's share of the
+        usable CPUs (all of them with one worker)."""
+        return self.threads if self.threads > 0 else max(1, available_cpus() // self.workers)
 
     def resolved_cache_dir(self, env: Mapping[str, str] | None = None) -> Path:
         """``--cache-dir``, or ``$XDG_CACHE_HOME/maskserve``, or ``~/.cache/maskserve``."""
@@ -377,9 +386,9 @@ class Settings:
         return base / "maskserve"
 
     @property
-    def adaptive_torch_threads(self) -> bool:
-        """Whether small batches run on one thread (``--torch-threads 0``, see engine.ThreadPolicy)."""
-        return self.torch_threads == 0
+    def adaptive_threads(self) -> bool:
+        """Whether small batches run on one torch thread (``--threads 0``, see engine.ThreadPolicy)."""
+        return self.threads == 0
 
 
 def _flag_name(name: str) -> str:
@@ -391,9 +400,16 @@ def _env_name(name: str) -> str:
 
 
 def env_names(f: dataclasses.Field[Any]) -> tuple[str, ...]:
-    """The environment variables a field reads, first match wins: MASKSERVE_*, then a standard one."""
+    """The environment variables a field reads, first match wins: MASKSERVE_*, its older names,
+    then a standard one."""
+    names = (_env_name(f.name), *(_env_name(alias) for alias in f.metadata.get("aliases", ())))
     fallback = f.metadata.get("env_fallback")
-    return (_env_name(f.name), fallback) if fallback else (_env_name(f.name),)
+    return (*names, fallback) if fallback else names
+
+
+def flag_names(f: dataclasses.Field[Any]) -> tuple[str, ...]:
+    """The flags that set a field: its own, then its older names (kept working)."""
+    return (_flag_name(f.name), *(_flag_name(alias) for alias in f.metadata.get("aliases", ())))
 
 
 def _parse(f: dataclasses.Field[Any], raw: str, origin: str) -> Any:
@@ -419,6 +435,15 @@ def build_parser() -> argparse.ArgumentParser:
             )
         else:
             parser.add_argument(_flag_name(f.name), dest=f.name, default=None, metavar="VALUE", help=help_text)
+        for alias in f.metadata.get("aliases", ()):
+            # Its own destination, so that an error names the flag the operator typed.
+            parser.add_argument(
+                _flag_name(alias),
+                dest=f"{f.name}:{alias}",
+                default=None,
+                metavar="VALUE",
+                help=f"= {_flag_name(f.name)}",
+            )
     return parser
 
 
@@ -467,11 +492,14 @@ def load_settings(
     values: dict[str, Any] = {}
     origins: dict[str, str] = {}  # the flag or variable each value came from, for error messages
     for f in dataclasses.fields(Settings):
-        given = getattr(args, f.name)
+        given, flag = getattr(args, f.name), _flag_name(f.name)
+        for alias in f.metadata.get("aliases", ()):
+            if given is None and getattr(args, f"{f.name}:{alias}") is not None:
+                given, flag = getattr(args, f"{f.name}:{alias}"), _flag_name(alias)
         if isinstance(given, bool):
             values[f.name], origins[f.name] = given, _flag_name(f.name)
         elif given is not None:
-            values[f.name], origins[f.name] = _parse(f, given, _flag_name(f.name)), _flag_name(f.name)
+            values[f.name], origins[f.name] = _parse(f, given, flag), flag
         else:
             variable = next((name for name in env_names(f) if name in environ), None)
             if variable is not None:

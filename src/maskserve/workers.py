@@ -8,7 +8,7 @@ per wake-up), and a keep-alive client then sends everything to it: one worker of
 connection. A worker opens its socket only once its model is loaded, so no connection waits
 behind a load. Each worker is a whole
 maskserve: its own model (loaded after the fork: the arbiter never imports torch), queue,
-inference thread, and its share of the CPUs (``Settings.resolved_torch_threads``). A worker
+inference thread, and its share of the CPUs (``Settings.resolved_threads``). A worker
 follows a stop signal with the same drain as a single process (serve.py).
 
 ``/metrics`` on any worker reports the whole server: each worker also listens on a private Unix

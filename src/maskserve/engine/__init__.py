@@ -10,9 +10,13 @@ already tokenized, length-varied batches. It implements ``model_api.FillMaskMode
     torch.py        the torch backend (--backend torch): any device, dtype, --quantize
     onnxruntime.py  the onnxruntime backend (maskserve[onnx]): the graph run by ONNX Runtime
     onnx_export.py  that graph: export, fusion, the content-keyed disk cache
+    openvino.py     the openvino backend (maskserve[openvino]): the graph run by OpenVINO, f32 or bf16
+    openvino_export.py  that graph: convert_model of the same module, cached like the ONNX export
+    probe.py        the check every exported graph passes against torch before it is served
+    cpu.py          the CPU's matrix features and the precision in effect (no torch)
 
-Importing this package imports torch, and neither onnx nor onnxruntime: the onnxruntime backend
-is imported by name, only when asked for.
+Importing this package imports torch, and none of onnx, onnxruntime or openvino: those backends
+are imported by name, only when asked for.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ import transformers
 from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel
 
 from ..model_api import Prediction, Progress, Query, TextPredictions
+from .cpu import describe_features, precision_in_effect
 
 log = logging.getLogger(__name__)
 
@@ -316,6 +317,10 @@ class FillMaskEngine:
             "architecture": self.architecture,
             "device": str(self.device),
             "dtype": self.dtype,
+            # What an operator choosing a precision needs: the CPU's matrix units, and whether
+            # bfloat16 runs on them or is emulated.
+            "precision": precision_in_effect(self.dtype, str(self.device)),
+            "cpu_matrix_features": describe_features(),
             "torch_version": torch.__version__,
             "transformers_version": transformers.__version__,
             **self._describe_backend(),

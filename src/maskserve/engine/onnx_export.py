@@ -65,10 +65,11 @@ class CachedExport:
     folder: Path
     reused: bool
     meta: dict[str, Any]
+    model_name: str = MODEL_FILE  # the file a backend opens (the openvino backend's is model.xml)
 
     @property
     def model_file(self) -> Path:
-        return self.folder / MODEL_FILE
+        return self.folder / self.model_name
 
 
 def one_line(exc: BaseException) -> str:
@@ -104,32 +105,42 @@ def fusion_settings(model: PreTrainedModel) -> dict[str, Any]:
     }
 
 
-def export_key(model: PreTrainedModel) -> tuple[str, dict[str, Any]]:
-    """The cache key of ``model``'s graph, and the parts it hashes (kept in meta.json)."""
-    import onnx
-    import onnxruntime
-
+def model_parts(model: PreTrainedModel) -> dict[str, Any]:
+    """What any backend's graph of ``model`` depends on: its content, torch and transformers."""
     config = model.config.to_dict()
     # Where the model was read from and which transformers wrote its config do not change the
     # graph (transformers' own version is a part below).
     for volatile in ("_name_or_path", "_commit_hash", "transformers_version"):
         config.pop(volatile, None)
     config_json = json.dumps(config, sort_keys=True, default=str)
-    parts: dict[str, Any] = {
-        "format": EXPORT_FORMAT,
+    return {
         "architecture": type(model).__name__,
         "config_sha256": hashlib.sha256(config_json.encode()).hexdigest(),
         "weights_sha256": weights_digest(model),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+
+
+def key_of(parts: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def export_key(model: PreTrainedModel) -> tuple[str, dict[str, Any]]:
+    """The cache key of ``model``'s graph, and the parts it hashes (kept in meta.json)."""
+    import onnx
+    import onnxruntime
+
+    parts: dict[str, Any] = {
+        "format": EXPORT_FORMAT,
+        **model_parts(model),
         "dtype": "float32",
         "opset": OPSET,
         "fusion": fusion_settings(model),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
         "onnx": onnx.__version__,
         "onnxruntime": onnxruntime.__version__,
     }
-    key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
-    return key, parts
+    return key_of(parts), parts
 
 
 def _file_sha256(path: Path) -> str:
@@ -140,14 +151,14 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _problem(folder: Path, key: str) -> str | None:
+def _problem(folder: Path, key: str, model_name: str = MODEL_FILE) -> str | None:
     """Why the entry in ``folder`` cannot be used, or None when every file is as written."""
     try:
         meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
         files: dict[str, dict[str, Any]] = meta["files"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return f"unreadable {META_FILE} ({one_line(exc)})"
-    if meta.get("key") != key or MODEL_FILE not in files:
+    if meta.get("key") != key or model_name not in files:
         return f"{META_FILE} describes another export"
     for name, recorded in files.items():
         path = folder / name
@@ -159,18 +170,18 @@ def _problem(folder: Path, key: str) -> str | None:
     return None
 
 
-def find_export(root: Path, key: str) -> CachedExport | None:
+def find_export(root: Path, key: str, model_name: str = MODEL_FILE) -> CachedExport | None:
     """The intact entry for ``key``, or None; a corrupt entry is deleted so it is exported again."""
     folder = root / key
     if not folder.is_dir():
         return None
-    problem = _problem(folder, key)
+    problem = _problem(folder, key, model_name)
     if problem is not None:
         log.warning("the cached export %s is unusable (%s); exporting again", folder, problem)
         discard(folder)
         return None
     meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
-    return CachedExport(key, folder, True, meta)
+    return CachedExport(key, folder, True, meta, model_name)
 
 
 def discard(folder: Path) -> None:
@@ -206,7 +217,7 @@ class MaskLogitsGraph(torch.nn.Module):
         return full.reshape(-1, full.shape[-1]).index_select(0, mask_index)
 
 
-def _example_inputs(model: PreTrainedModel) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def example_inputs(model: PreTrainedModel) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Two texts of different lengths: padding in the trace, so no branch is traced for 'no padding'."""
     pad = int(getattr(model.config, "pad_token_id", 0) or 0)
     ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11], [5, 6, 7, 8, pad, pad, pad]], dtype=torch.int64)
@@ -258,7 +269,7 @@ def _export_graph(model: PreTrainedModel, folder: Path) -> dict[str, Any]:
         warnings.simplefilter("ignore")
         torch.onnx.export(
             graph,
-            _example_inputs(model),
+            example_inputs(model),
             str(raw),
             dynamo=False,
             input_names=list(INPUTS),
@@ -299,14 +310,25 @@ def _remove_stale_temporaries(root: Path) -> None:
 
 
 def export_to_cache(
-    model: PreTrainedModel, root: Path, key: str, parts: dict[str, Any], check: Callable[[Path], T]
+    model: PreTrainedModel,
+    root: Path,
+    key: str,
+    parts: dict[str, Any],
+    check: Callable[[Path], T],
+    *,
+    build: Callable[[PreTrainedModel, Path], dict[str, Any]] | None = None,
+    model_name: str = MODEL_FILE,
+    what: str = "ONNX",
 ) -> tuple[CachedExport, T]:
     """Export ``model`` into the cache under ``key``, atomically; ``check(model file)`` runs first.
 
-    ``check`` opens and verifies the new graph (raising :class:`ExportFailed` if it disagrees
-    with torch) before anything is published, so a bad export never enters the cache. Returns the
-    entry and what ``check`` returned. When another process published the same key meanwhile, its
-    entry is kept and this one dropped: both were made from the same inputs.
+    ``build(model, folder)`` writes the graph as ``model_name`` and returns what it did, for
+    meta.json (default: the ONNX export and fusion). ``check`` opens and verifies the new graph
+    (raising :class:`ExportFailed` if it disagrees with torch) before anything is published, so a
+    bad export never enters the cache. Returns the entry and what ``check`` returned. When another
+    process published the same key meanwhile, its entry is kept and this one dropped: both were
+    made from the same inputs. Only the entry's files are recorded and checked: a subfolder
+    (a backend's own compiled cache) is the backend's to keep.
     """
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -316,13 +338,14 @@ def export_to_cache(
         raise ExportFailed(f"cannot write the export cache in {root}: {exc.strerror or one_line(exc)}") from exc
     try:
         try:
-            done = _export_graph(model, temporary)
+            done = (build or _export_graph)(model, temporary)
         except Exception as exc:  # any exporter or fusion failure stops start-up the same way
-            raise ExportFailed(f"could not export the model to ONNX: {one_line(exc)}") from exc
-        checked = check(temporary / MODEL_FILE)
+            raise ExportFailed(f"could not export the model to {what}: {one_line(exc)}") from exc
+        checked = check(temporary / model_name)
         files = {
             path.name: {"bytes": path.stat().st_size, "sha256": _file_sha256(path)}
             for path in sorted(temporary.iterdir())
+            if path.is_file()
         }
         meta = {"key": key, "parts": parts, "files": files, **done, "created": time.time()}
         (temporary / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
@@ -334,8 +357,8 @@ def export_to_cache(
             if not folder.is_dir():
                 raise
             log.info("another process cached the same export at %s first; using it", folder)
-            return CachedExport(key, folder, True, meta), checked
-        return CachedExport(key, folder, False, meta), checked
+            return CachedExport(key, folder, True, meta, model_name), checked
+        return CachedExport(key, folder, False, meta, model_name), checked
     except OSError as exc:
         raise ExportFailed(f"cannot write the export cache in {root}: {exc.strerror or one_line(exc)}") from exc
     finally:

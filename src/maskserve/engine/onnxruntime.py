@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import PreTrainedModel
 
 from .base import (
     BackendUnavailable,
@@ -25,9 +24,8 @@ from .base import (
     default_model_dir,
     encoder_flops_per_token,
     load_pretrained,
-    pad_batch,
-    probe_texts,
 )
+from .cpu import describe_features
 from .onnx_export import (
     INPUTS,
     OUTPUT,
@@ -39,6 +37,7 @@ from .onnx_export import (
     find_export,
     one_line,
 )
+from .probe import Probe
 
 log = logging.getLogger(__name__)
 
@@ -86,35 +85,6 @@ def run_graph(session: Any, input_ids: np.ndarray, attention_mask: np.ndarray, m
     (logits,) = session.run([OUTPUT], feeds)
     result: np.ndarray = logits
     return result
-
-
-class _Probe:
-    """The probe batches and torch's full-model scores at their masks, to check a graph against."""
-
-    def __init__(self, tokenizer: Any, model: PreTrainedModel) -> None:
-        texts = probe_texts(tokenizer)
-        # Together (the shorter one padded), and the shorter one alone: two shapes, with padding.
-        self.batches = [pad_batch(texts, tokenizer.pad_token_id), pad_batch(texts[1:], tokenizer.pad_token_id)]
-        self.mask_token_id: int = tokenizer.mask_token_id
-        self.expected: list[torch.Tensor] = []
-        with torch.inference_mode():
-            for ids, attention in self.batches:
-                rows, cols = np.nonzero(ids == self.mask_token_id)
-                logits = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(attention)).logits
-                self.expected.append(logits[torch.from_numpy(rows), torch.from_numpy(cols)].float().softmax(-1))
-
-    def check(self, session: Any) -> None:
-        for (ids, attention), expected in zip(self.batches, self.expected):
-            rows, cols = np.nonzero(ids == self.mask_token_id)
-            got = torch.from_numpy(run_graph(session, ids, attention, (rows * ids.shape[1] + cols).astype(np.int64)))
-            if got.shape != expected.shape:
-                raise ExportFailed(f"the exported graph answers shape {tuple(got.shape)}, not {tuple(expected.shape)}")
-            worst = float((got.float().softmax(-1) - expected).abs().max())
-            if not worst <= PROBE_SCORE_TOLERANCE:
-                raise ExportFailed(
-                    f"the exported graph's scores differ from torch's by up to {worst:.3g} on a probe "
-                    f"(more than {PROBE_SCORE_TOLERANCE:g})"
-                )
 
 
 class OnnxFillMaskEngine(FillMaskEngine):
@@ -190,29 +160,30 @@ def load_onnx_engine(
     if device == "cuda":
         raise BackendUnavailable("--backend onnxruntime runs on the CPU only; use --backend torch for --device cuda")
     if dtype not in ("auto", "float32"):
-        raise BackendUnavailable(
-            f"--backend onnxruntime runs float32 only, not --dtype {dtype}; use --backend torch for it"
-        )
+        # bfloat16 on the CPU is the openvino and torch backends' (README: Backends).
+        other = "--backend openvino or --backend torch" if dtype == "bfloat16" else "--backend torch"
+        raise BackendUnavailable(f"--backend onnxruntime runs float32 only, not --dtype {dtype}; use {other} for it")
     if quantize != "none":
         raise BackendUnavailable(f"--quantize {quantize} runs on --backend torch only")
     _onnxruntime()
     torch.set_num_threads(1)  # see OnnxFillMaskEngine._mask_logits
     root = cache_dir / "onnx"
     log.info(
-        "loading model from %s for onnxruntime (float32, %d threads, cache %s)",
+        "loading model from %s for onnxruntime (float32, %d threads, cache %s); CPU matrix features: %s",
         model or default_model_dir(),
         threads,
         root,
+        describe_features(),
     )
     # Eager attention: it is what ONNX Runtime's attention fusion recognises in the traced graph.
     loaded = load_pretrained(model, device=torch.device("cpu"), dtype=torch.float32, attn_implementation="eager")
     flops_per_token = encoder_flops_per_token(loaded.model)
     key, parts = export_key(loaded.model)
-    probe = _Probe(loaded.tokenizer, loaded.model)
+    probe = Probe(loaded.tokenizer, loaded.model)
 
     def open_checked(model_file: Path) -> Any:
         session = open_session(model_file, threads)
-        probe.check(session)
+        probe.check(lambda *inputs: run_graph(session, *inputs), PROBE_SCORE_TOLERANCE)
         return session
 
     export = find_export(root, key)

@@ -1,0 +1,253 @@
+"""The openvino backend: the encoder and the mask-only head run by OpenVINO's CPU plugin.
+
+Loading goes through the torch backend's checks (:func:`base.load_pretrained`), then the graph of
+``openvino_export.py`` is taken from the cache or converted, compiled in the precision asked for,
+and checked against torch on a probe batch before anything is served. The torch model is dropped
+afterwards. Tokenization, targets, top-k and the answer's shape are the shared
+:class:`base.FillMaskEngine`'s; this module only runs the graph.
+
+float32 is set explicitly: OpenVINO's own default on a CPU with AMX is bfloat16, which would
+change the answers without the operator asking. ``--dtype bfloat16`` compiles the same graph in
+bfloat16, where the CPU runs it natively (AMX or AVX-512 BF16); elsewhere it is refused.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .base import (
+    BackendUnavailable,
+    FillMaskEngine,
+    ThreadPolicy,
+    default_model_dir,
+    encoder_flops_per_token,
+    load_pretrained,
+)
+from .cpu import describe_features, precision_in_effect
+from .onnx_export import INPUTS, CachedExport, ExportFailed, discard, export_to_cache, find_export, one_line
+from .openvino_export import COMPILED_DIR, MODEL_FILE, convert_graph, export_key
+from .probe import Probe
+
+log = logging.getLogger(__name__)
+
+# --dtype -> OpenVINO's inference precision. float16 is left out: the CPU plugin runs it only on
+# the few CPUs with AVX-512 FP16 or AMX-FP16, and torch on CUDA is the place for it.
+PRECISIONS = {"auto": "f32", "float32": "f32", "bfloat16": "bf16"}
+DTYPES = {"f32": "float32", "bf16": "bfloat16"}
+# A graph must give torch float32's scores within this on the probe: the fidelity bound for
+# float32, and for bfloat16 the bound its fidelity test holds the default model to.
+PROBE_SCORE_TOLERANCE = {"f32": 1e-4, "bf16": 0.02}
+
+
+def _openvino() -> Any:
+    try:
+        import openvino
+    except ImportError as exc:
+        raise BackendUnavailable(
+            f"--backend openvino needs openvino ({one_line(exc)}): pip install 'maskserve[openvino]'"
+        ) from exc
+    return openvino
+
+
+@functools.cache
+def shared_core() -> Any:
+    """The process's one OpenVINO Core, kept until exit.
+
+    Each Core starts its own CPU plugin, and the plugin swaps the signal stack of the thread that
+    starts it, restoring the previous one when it ends. Plugins that end in another order than
+    they started leave a freed signal stack in place, and the next signal (SIGTERM, for a drain)
+    crashes the process. One Core, never released, starts the plugin once.
+    """
+    return _openvino().Core()
+
+
+def compile_graph(model_file: Path, precision: str, threads: int) -> Any:
+    """``model_file`` compiled for this CPU in ``precision`` on ``threads`` threads, one stream.
+
+    One stream with the latency hint: maskserve runs one batch at a time, so all the threads go
+    to that batch. The compiled model is kept in the entry's ``compiled/`` folder by OpenVINO.
+    """
+    config = {
+        "INFERENCE_PRECISION_HINT": precision,
+        "INFERENCE_NUM_THREADS": threads,
+        "PERFORMANCE_HINT": "LATENCY",
+        "NUM_STREAMS": 1,
+        "CACHE_DIR": str(model_file.parent / COMPILED_DIR),
+    }
+    try:
+        core = shared_core()
+        return core.compile_model(core.read_model(str(model_file)), "CPU", config)
+    except Exception as exc:  # OpenVINO raises RuntimeError with a long multi-line message
+        raise ExportFailed(f"OpenVINO cannot compile {model_file}: {one_line(exc)}") from exc
+
+
+def precision_of(compiled: Any) -> str:
+    """The inference precision OpenVINO settled on ('f32', 'bf16'), which may differ from the hint."""
+    value = compiled.get_property("INFERENCE_PRECISION_HINT")
+    return str(value.to_string() if hasattr(value, "to_string") else value)
+
+
+def run_graph(request: Any, input_ids: np.ndarray, attention_mask: np.ndarray, mask_index: np.ndarray) -> np.ndarray:
+    result = request.infer(dict(zip(INPUTS, (input_ids, attention_mask, mask_index))))
+    logits: np.ndarray = result[0]
+    return logits
+
+
+class OpenVinoFillMaskEngine(FillMaskEngine):
+    """The openvino backend: one graph on the CPU, float32 or bfloat16, a fixed thread count."""
+
+    backend = "openvino"
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        config: Any,
+        compiled: Any,
+        export: CachedExport,
+        *,
+        name: str,
+        threads: ThreadPolicy,
+        architecture: str,
+        precision: str,
+    ) -> None:
+        super().__init__(
+            tokenizer,
+            config,
+            name=name,
+            device=torch.device("cpu"),
+            threads=threads,
+            architecture=architecture,
+            dtype=DTYPES[precision],
+        )
+        self.compiled = compiled
+        self.request = compiled.create_infer_request()
+        self.export = export
+
+    def _mask_logits(
+        self, input_ids: np.ndarray, attention_mask: np.ndarray, rows: np.ndarray, cols: np.ndarray
+    ) -> torch.Tensor:
+        # torch only takes the softmax and top-k of a few rows here: one thread, so that no
+        # spinning torch thread takes a core from OpenVINO's.
+        if torch.get_num_threads() != 1:
+            torch.set_num_threads(1)
+        mask_index = (rows * input_ids.shape[1] + cols).astype(np.int64)
+        return torch.from_numpy(run_graph(self.request, input_ids, attention_mask, mask_index))
+
+    def _describe_backend(self) -> dict[str, str | int | float]:
+        import openvino
+
+        return {
+            "torch_threads": 1,
+            "openvino_threads": self.threads.max_threads,
+            "thread_policy": "fixed, one OpenVINO stream",
+            "mask_only_head": "yes" if self.export.meta.get("mask_only_head") else "no",
+            "openvino_version": openvino.__version__,
+            "export_cache_key": self.export.key,
+            "export_path": str(self.export.model_file),
+        }
+
+
+def _precision_for(dtype: str) -> str:
+    precision = PRECISIONS.get(dtype)
+    if precision is None:
+        raise BackendUnavailable(
+            f"--backend openvino runs float32 or bfloat16, not --dtype {dtype}; use --backend torch for it"
+        )
+    return precision
+
+
+def load_openvino_engine(
+    model: str | None,
+    *,
+    cache_dir: Path,
+    device: str = "cpu",
+    dtype: str = "auto",
+    threads: int = 1,
+    quantize: str = "none",
+) -> OpenVinoFillMaskEngine:
+    """Load ``model``, reuse or make its graph under ``cache_dir``/openvino, compile, check, serve.
+
+    Raises :class:`ModelLoadError` for a model no backend can serve (exit 1), and
+    :class:`BackendUnavailable` (exit 2) when this backend cannot serve it as asked.
+    """
+    started = time.perf_counter()
+    if device == "cuda":
+        raise BackendUnavailable("--backend openvino runs on the CPU only; use --backend torch for --device cuda")
+    precision = _precision_for(dtype)
+    if quantize != "none":
+        raise BackendUnavailable(f"--quantize {quantize} runs on --backend torch only")
+    _openvino()
+    torch.set_num_threads(1)  # see OpenVinoFillMaskEngine._mask_logits
+    root = cache_dir / "openvino"
+    log.info(
+        "loading model from %s for openvino (%s, %d threads, cache %s); CPU matrix features: %s",
+        model or default_model_dir(),
+        precision_in_effect(DTYPES[precision], "cpu"),
+        threads,
+        root,
+        describe_features(),
+    )
+    loaded = load_pretrained(model, device=torch.device("cpu"), dtype=torch.float32)
+    flops_per_token = encoder_flops_per_token(loaded.model)
+    key, parts = export_key(loaded.model)
+    probe = Probe(loaded.tokenizer, loaded.model)
+
+    def open_checked(model_file: Path) -> Any:
+        compiled = compile_graph(model_file, precision, threads)
+        got = precision_of(compiled)
+        if got != precision:
+            raise BackendUnavailable(
+                f"OpenVINO runs this graph in {got}, not {precision}, on this CPU (matrix features: "
+                f"{describe_features()}); bfloat16 needs AMX or AVX-512 BF16, else use --dtype float32 "
+                "or --backend torch (which emulates bfloat16, slower than float32)"
+            )
+        request = compiled.create_infer_request()
+        probe.check(lambda *inputs: run_graph(request, *inputs), PROBE_SCORE_TOLERANCE[precision])
+        return compiled
+
+    export = find_export(root, key, MODEL_FILE)
+    compiled = None
+    if export is not None:
+        try:
+            compiled = open_checked(export.model_file)
+        except ExportFailed as exc:
+            log.warning("the cached graph %s fails its check (%s); converting again", export.folder, exc)
+            discard(export.folder)
+            export = None
+    if export is None or compiled is None:
+        log.info("converting %s to OpenVINO (once per model and versions; cache key %s)", loaded.name, key)
+        export, compiled = export_to_cache(
+            loaded.model, root, key, parts, open_checked, build=convert_graph, model_name=MODEL_FILE, what="OpenVINO"
+        )
+        log.info("converted in %.1fs", export.meta["convert_seconds"])
+    engine = OpenVinoFillMaskEngine(
+        loaded.tokenizer,
+        loaded.model.config,
+        compiled,
+        export,
+        name=loaded.name,
+        threads=ThreadPolicy(threads, False, flops_per_token),
+        architecture=type(loaded.model).__name__,
+        precision=precision,
+    )
+    engine.source = loaded.source
+    engine.load_seconds = time.perf_counter() - started
+    log.info(
+        "model ready in %.2fs on openvino %s (%s graph %s): %s, mask token %s, up to %d tokens, mask-only head: %s",
+        engine.load_seconds,
+        precision_in_effect(engine.dtype, "cpu"),
+        "cached" if export.reused else "new",
+        export.folder,
+        engine.architecture,
+        engine.mask_token,
+        engine.max_tokens,
+        bool(export.meta.get("mask_only_head")),
+    )
+    return engine

@@ -1,0 +1,45 @@
+"""engine/cpu.py: the CPU's matrix features from its flags, and the precision that follows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from maskserve.engine.cpu import describe_features, matrix_features, native_bf16, precision_in_effect, read_flags
+
+SAPPHIRE_RAPIDS = {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile"}
+ZEN4 = {"avx2", "avx512f", "avx512_bf16", "avx512_vnni"}
+SKYLAKE = {"avx2", "avx512f"}
+
+
+def test_flags_are_read_from_the_first_processor(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu avx2 avx512_bf16 amx_tile\n\n"
+        "processor\t: 1\nflags\t\t: fpu\n",
+        encoding="ascii",
+    )
+    assert read_flags(str(cpuinfo)) == frozenset({"fpu", "avx2", "avx512_bf16", "amx_tile"})
+
+
+def test_no_cpuinfo_means_no_flags(tmp_path: Path) -> None:
+    assert read_flags(str(tmp_path / "missing")) == frozenset()
+
+
+def test_matrix_features_are_listed_most_capable_first() -> None:
+    assert matrix_features(SAPPHIRE_RAPIDS) == ("amx_bf16", "amx_int8", "amx_tile", "avx512_bf16", "avx512_vnni")
+    assert matrix_features(ZEN4) == ("avx512_bf16", "avx512_vnni")
+    assert describe_features(SKYLAKE) == "none (no AMX, AVX-512 BF16 or VNNI)"
+
+
+def test_bfloat16_is_native_with_amx_or_avx512_bf16_only() -> None:
+    assert native_bf16(SAPPHIRE_RAPIDS) and native_bf16(ZEN4)
+    assert not native_bf16(SKYLAKE) and not native_bf16({"avx512_vnni", "avx_vnni"})
+
+
+def test_the_precision_says_what_runs_bfloat16_and_when_it_is_emulated() -> None:
+    assert precision_in_effect("bfloat16", "cpu", SAPPHIRE_RAPIDS) == "bfloat16 on AMX"
+    assert precision_in_effect("bfloat16", "cpu", ZEN4) == "bfloat16 on AVX-512 BF16"
+    emulated = precision_in_effect("bfloat16", "cpu", SKYLAKE)
+    assert "emulated" in emulated and "slower than float32" in emulated
+    assert precision_in_effect("float32", "cpu", SKYLAKE) == "float32"
+    assert precision_in_effect("bfloat16", "cuda:0", SKYLAKE) == "bfloat16"  # the GPU's own units
