@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from maskserve.settings import ENV_PREFIX, Settings, SettingsError, available_cpus, build_parser, load_settings
+import maskserve
+from maskserve.settings import ENV_PREFIX, GROUPS, Settings, SettingsError, available_cpus, build_parser, load_settings
 
 from .live_server import run_maskserve
 
@@ -255,3 +256,16 @@ def test_settings_that_contradict_each_other_are_refused_naming_both(
 def test_limits_that_agree_at_their_edges_are_accepted() -> None:
     settings = load_settings(["--max-inputs", "256", "--default-top-k", "100", "--max-batch-delay", "29.9"], env={})
     assert (settings.max_inputs, settings.default_top_k) == (256, 100)
+
+
+def test_every_setting_sits_in_exactly_one_help_group() -> None:
+    grouped = [name for names in GROUPS.values() for name in names]
+    assert sorted(grouped) == sorted(FIELDS) and len(grouped) == len(set(grouped))
+
+
+def test_help_shows_the_groups_in_order_and_version_prints_it() -> None:
+    shown = run_maskserve("--help", timeout_s=60).stdout
+    positions = [shown.index(f"\n{title}:\n") for title in GROUPS]
+    assert positions == sorted(positions)
+    version = run_maskserve("--version", timeout_s=60)
+    assert version.returncode == 0 and version.stdout.strip() == f"maskserve {maskserve.__version__}"

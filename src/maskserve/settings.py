@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import __version__
+
 ENV_PREFIX = "MASKSERVE_"
 
 
@@ -421,30 +423,65 @@ def _parse(f: dataclasses.Field[Any], raw: str, origin: str) -> Any:
         raise SettingsError(f"{origin}: invalid value {shown} ({reason})") from None
 
 
+# The settings as --help and the docs show them: a group each, in this order.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "model and backend": (
+        "model",
+        "model_name",
+        "backend",
+        "device",
+        "dtype",
+        "quantize",
+        "threads",
+        "cache_dir",
+        "warmup",
+    ),
+    "batching": ("max_batch_size", "max_batch_tokens", "max_batch_delay", "max_queue"),
+    "admission and limits": (
+        "request_timeout",
+        "max_body_bytes",
+        "max_text_chars",
+        "max_inputs",
+        "max_top_k",
+        "max_targets",
+        "default_top_k",
+        "max_masks_per_text",
+        "max_predictions",
+        "max_response_bytes",
+    ),
+    "server": ("host", "port", "workers", "drain_delay", "drain_timeout", "middleware", "api_key", "cors_origins"),
+    "operations": ("stall_timeout", "agent_port", "log_level", "log_json", "traces_exporter"),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="maskserve",
         description="Serve a Hugging Face fill-mask model over HTTP. Every flag also reads "
         f"{ENV_PREFIX}<FLAG> from the environment (e.g. {ENV_PREFIX}PORT).",
     )
-    for f in dataclasses.fields(Settings):
-        help_text = f"{f.metadata['help']} [env {' or '.join(env_names(f))}; default {f.default!r}]"
-        if f.metadata.get("flag_kind") == "bool":
-            parser.add_argument(
-                _flag_name(f.name), dest=f.name, default=None, action=argparse.BooleanOptionalAction, help=help_text
-            )
-        else:
-            parser.add_argument(_flag_name(f.name), dest=f.name, default=None, metavar="VALUE", help=help_text)
-        for alias in f.metadata.get("aliases", ()):
-            # Its own destination, so that an error names the flag the operator typed.
-            parser.add_argument(
-                _flag_name(alias),
-                dest=f"{f.name}:{alias}",
-                default=None,
-                metavar="VALUE",
-                help=f"= {_flag_name(f.name)}",
-            )
+    parser.add_argument("--version", action="version", version=f"maskserve {__version__}")
+    fields = {f.name: f for f in dataclasses.fields(Settings)}
+    for title, names in GROUPS.items():
+        group = parser.add_argument_group(title)
+        for name in names:
+            _add_flags(group, fields[name])
     return parser
+
+
+def _add_flags(group: argparse._ArgumentGroup, f: dataclasses.Field[Any]) -> None:
+    help_text = f"{f.metadata['help']} [env {' or '.join(env_names(f))}; default {f.default!r}]"
+    if f.metadata.get("flag_kind") == "bool":
+        group.add_argument(
+            _flag_name(f.name), dest=f.name, default=None, action=argparse.BooleanOptionalAction, help=help_text
+        )
+    else:
+        group.add_argument(_flag_name(f.name), dest=f.name, default=None, metavar="VALUE", help=help_text)
+    for alias in f.metadata.get("aliases", ()):
+        # Its own destination, so that an error names the flag the operator typed.
+        group.add_argument(
+            _flag_name(alias), dest=f"{f.name}:{alias}", default=None, metavar="VALUE", help=f"= {_flag_name(f.name)}"
+        )
 
 
 def contradictions(settings: Settings) -> Iterator[tuple[str, str, str]]:
