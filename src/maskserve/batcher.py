@@ -16,6 +16,7 @@ budget use covers the whole of a request's cost.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import deque
@@ -43,6 +44,9 @@ class Work:
 
     @classmethod
     def of(cls, queries: Sequence[Query]) -> Work:
+        if len(queries) == 1:  # the common case, once per text queued: no generators
+            query = queries[0]
+            return cls(1, query.n_tokens, query.predictions, query.prediction_tokens)
         return cls(
             texts=len(queries),
             tokens=sum(q.n_tokens for q in queries),
@@ -112,7 +116,7 @@ class WorkItem:
     def n_tokens(self) -> int:
         return self.query.n_tokens
 
-    @property
+    @functools.cached_property
     def work(self) -> Work:
         return Work.of((self.query,))
 
@@ -177,23 +181,32 @@ class LinearCost:
         # Weighted sums: count, f1 f1, f1 f2, f2 f2, f1 y, f2 y; recent ones, and the prior's.
         self._sums = [0.0] * 6
         self._prior = [0.0] * 6
+        # The fit, solved once per change: every request asks for predictions several times.
+        self._fit: tuple[float, float] | None = None
 
     def observe(self, f1: float, f2: float, seconds: float) -> None:
         d = self.decay
         for i, value in enumerate((1.0, f1 * f1, f1 * f2, f2 * f2, f1 * seconds, f2 * seconds)):
             self._sums[i] = d * self._sums[i] + value
+        self._fit = None
 
     def anchor(self) -> None:
         """Keep what has been observed so far as the prior (see the class docstring)."""
         if self._sums[0] > 0:
             scale = self.PRIOR_WEIGHT / self._sums[0]
             self._prior = [value * scale for value in self._sums]
+        self._fit = None
 
     @property
     def measured(self) -> bool:
         return self._sums[0] + self._prior[0] > 0
 
     def coefficients(self) -> tuple[float, float]:
+        if self._fit is None:
+            self._fit = self._solve()
+        return self._fit
+
+    def _solve(self) -> tuple[float, float]:
         n, s11, s12, s22, s1y, s2y = (a + b for a, b in zip(self._sums, self._prior))
         if n <= 0 or s11 + s22 <= 0:
             return 0.0, 0.0

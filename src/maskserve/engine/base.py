@@ -260,8 +260,11 @@ class FillMaskEngine:
         self.pad_token_id: int = tokenizer.pad_token_id
         self.max_tokens = max_tokens(config, tokenizer)
         self._vocab: dict[str, int] = tokenizer.get_vocab()
-        self._piece_bytes = piece_json_bytes(tokenizer)
-        self._longest_piece = int(self._piece_bytes.max()) if self._piece_bytes.size else 0
+        # A plain list: a request's bound is a sum over a few dozen ids, which numpy's per-call
+        # overhead would cost more than.
+        pieces = piece_json_bytes(tokenizer)
+        self._piece_bytes: list[int] = pieces.tolist()
+        self._longest_piece = int(pieces.max()) if pieces.size else 0
         # Filled in by the loader, for /info and the load-time metric.
         self.source: str = name
         self.load_seconds: float | None = None
@@ -305,9 +308,10 @@ class FillMaskEngine:
         than each token's own piece plus a space (see :func:`piece_json_bytes`). The rest is the
         keys, the score, the id and ``token_str``, one piece at most.
         """
-        in_vocab = [i for i in input_ids if 0 <= i < self._piece_bytes.size]
-        text = int(self._piece_bytes[in_vocab].sum()) + self._longest_piece * (len(input_ids) - len(in_vocab))
-        return PREDICTION_JSON_OVERHEAD + 2 * self._longest_piece + text
+        pieces, longest = self._piece_bytes, self._longest_piece
+        size = len(pieces)
+        text = sum(pieces[i] if 0 <= i < size else longest for i in input_ids)
+        return PREDICTION_JSON_OVERHEAD + 2 * longest + text
 
     def describe(self) -> dict[str, str | int | float]:
         """How the model runs, for ``/info`` and the metrics: the HTTP side never imports torch."""
