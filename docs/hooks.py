@@ -68,7 +68,12 @@ def settings_tables() -> str:
         raise ValueError(f"settings.GROUPS and the Settings fields differ: {sorted(set(grouped) ^ set(fields))}")
     parts = []
     for title, names in GROUPS.items():
-        rows = [f"### {title[0].upper()}{title[1:]}", "", "| flag | environment | default | meaning |", "| --- | --- | --- | --- |"]
+        rows = [
+            f"### {title[0].upper()}{title[1:]}",
+            "",
+            "| flag | environment | default | meaning |",
+            "| --- | --- | --- | --- |",
+        ]
         for name in names:
             f = fields[name]
             flags = ", ".join(f"`{flag}`" for flag in _flags(f))
