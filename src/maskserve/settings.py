@@ -196,7 +196,7 @@ class Settings:
         "Precision of the forward pass. auto = float32 on CPU (the pipeline's answers), float16 on "
         "CUDA. bfloat16 on the CPU (torch, openvino): runs on the CPU's matrix units where it has AMX "
         "(several times faster) or AVX-512 BF16 (/info names them), at a small cost in agreement with "
-        "float32 (README: Backends); without them it is emulated and slower than float32. float16: "
+        "float32 (docs: Backends and precision); without them it is emulated and slower than float32. float16: "
         "CUDA only.",
     )
     quantize: str = _setting(
@@ -332,7 +332,7 @@ class Settings:
         str,
         "The middleware chain, outermost first: 'default', then -NAME to remove a stage, +NAME to add "
         "one at its slot, NAME to append; NAME is a built-in, an entry point or package.module:factory. "
-        "Checked at start-up (see the README's Middleware pipeline).",
+        "Checked at start-up (docs: Middleware, keys and CORS).",
     )
     # repr=False: the key never shows in a log line or a traceback that prints the settings.
     api_key: str | None = field(
