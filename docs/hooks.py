@@ -171,15 +171,17 @@ def repository_file(name: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
+# The markers that take no argument, and those that take one.
+TABLES = {"settings": settings_tables, "errors": errors_table, "layers": layers_table, "openapi": openapi_markdown}
+FILES = {"results": results, "file": repository_file}
+
+
 def generated(name: str, argument: str | None) -> str:
     """The Markdown a marker stands for."""
-    makers = {"settings": settings_tables, "errors": errors_table, "layers": layers_table, "openapi": openapi_markdown}
-    if name in makers and argument is None:
-        return makers[name]()
-    if name == "results" and argument:
-        return results(argument)
-    if name == "file" and argument:
-        return repository_file(argument)
+    if name in TABLES and argument is None:
+        return TABLES[name]()
+    if name in FILES and argument:
+        return FILES[name](argument)
     raise ValueError(f"unknown marker <!-- generated: {name} {argument or ''} -->")
 
 
