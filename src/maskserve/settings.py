@@ -252,8 +252,8 @@ class Settings:
     max_batch_delay: float = _setting(
         0.0,
         _non_negative_float,
-        "Seconds a batch may wait for company, counted once from its oldest request. 0 = never wait: "
-        "requests that arrive while the model is busy batch together anyway.",
+        "Seconds a batch may wait for more requests to join it, counted once from its oldest request. "
+        "0 = never wait: requests that arrive while the model is busy batch together anyway.",
     )
     max_queue: int = _setting(
         256,
@@ -505,7 +505,7 @@ def contradictions(settings: Settings) -> Iterator[tuple[str, str, str]]:
     if settings.default_top_k > settings.max_predictions:
         yield "default_top_k", "max_predictions", "a request of one text and one mask would already ask for too many"
     if settings.max_batch_delay >= settings.request_timeout:
-        yield "max_batch_delay", "request_timeout", "a request could time out waiting for company before its batch ran"
+        yield "max_batch_delay", "request_timeout", "a request could time out waiting for others to batch with"
 
 
 # A check of the settings by a higher layer, handed down at start-up (the middleware chain is
