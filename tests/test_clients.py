@@ -25,7 +25,7 @@ from .fakes import ControlledModel, wait_for_depth, wait_until_entered
 from .test_views import hub_reaches_localhost  # noqa: F401 - a fixture, used by name
 
 PARIS = "Paris is the [MASK] of France."
-# Pinned: the README's notes on this client (its 503 retries) are about this version.
+# Pinned: the docs' notes on this client (its 503 retries, docs/api.md) are about this version.
 JS_CLIENT = "@huggingface/inference@4.13.30"
 
 # (text, parameters, the server's message the client must show). "\u200b" tokenizes to nothing, so
@@ -118,7 +118,7 @@ async def test_js_client_throws_with_the_servers_message(
 
 
 async def test_js_client_retries_503_at_once_unless_told_not_to(make_client: ClientFactory, js_client: Path) -> None:
-    """What the README warns of: the JS client ignores Retry-After and resends a 503 at once, for
+    """What the docs warn of: the JS client ignores Retry-After and resends a 503 at once, for
     ever, unless ``retry_on_error: false`` is passed."""
     model = ControlledModel()
     client = await make_client(engine=model, max_queue=1)

@@ -5,8 +5,8 @@ must have the shape of ``{"error", "error_type", "request_id", ...}``, and no an
 traceback, a file path, an exception class name or the model's path, unless the request itself
 sent that text (error messages name the caller's own unknown fields).
 
-The budget per test is ``MASKSERVE_FUZZ_EXAMPLES`` (CI: the default below; by hand, see the
-README's Reliability section). The totals go to ``artifacts/fuzz.json``.
+The budget per test is ``MASKSERVE_FUZZ_EXAMPLES`` (CI: the default below; by hand, see
+docs/reliability.md). The totals go to ``artifacts/fuzz.json``.
 """
 
 from __future__ import annotations

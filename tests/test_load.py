@@ -3,7 +3,7 @@
 Checks behaviour, not speed: only 200/503/504, every 503 carries Retry-After, every accepted
 request answered within its deadline, the event loop still answers a GET mid-flood, the process
 survives and serves normally afterwards. Bounded in count and time; loopback only. The figures
-are printed and written to artifacts/load.json for the README.
+are printed and written to artifacts/load.json for the docs (docs/reliability.md).
 """
 
 from __future__ import annotations

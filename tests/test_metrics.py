@@ -203,9 +203,9 @@ def test_padding_ratio_is_the_share_of_padded_tokens_that_were_padding() -> None
     assert value(samples, "maskserve_inference_failed_texts_total") == 1
 
 
-async def test_every_exported_metric_is_documented_in_the_readme(make_client: ClientFactory) -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Operability", 1)[1].split("\n## ", 1)[0]
+async def test_every_exported_metric_is_in_the_operations_pages_table(make_client: ClientFactory) -> None:
+    page = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text(encoding="utf-8")
+    section = page.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"^\| `(maskserve_\w+)` \|", section, flags=re.MULTILINE))
     client = await make_client()
     assert (await client.post("/", data="the [MASK] is red.")).status == 200

@@ -18,6 +18,7 @@ SOURCES = [
     *(ROOT / "src" / "maskserve").rglob("*.py"),
     *(ROOT / "benchmarks").glob("*.py"),
     *(ROOT / "tests").rglob("*.py"),
+    ROOT / "docs" / "hooks.py",
 ]
 # Files of the workplace, never of the repository.
 OUTSIDE = re.compile(r"FIELD\.md|STYLE\.md|DEVELOPERS\.md|\.\./shared")

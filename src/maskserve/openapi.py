@@ -318,7 +318,7 @@ def _fill_mask(settings: Settings, limits: Settings, mask_token: str) -> Schema:
             "413": _error(f"The body is larger than {settings.max_body_bytes} bytes (--max-body-bytes)."),
             "422": _error("Well-formed but unusable: no mask token, too long, a value out of range, unknown field."),
             "500": _error("The model failed on this input (its batch neighbours were answered)."),
-            "503": _error("Overloaded or shutting down: refused at the door.", _retry_after()),
+            "503": _error("Overloaded or shutting down: refused before the body is read.", _retry_after()),
             "504": _error("The deadline passed before the answer was ready."),
         },
     }
@@ -395,7 +395,7 @@ def _oip_infer(settings: Settings, limits: Settings, mask_token: str) -> Schema:
             "413": _error(f"The body is larger than {settings.max_body_bytes} bytes (--max-body-bytes)."),
             "422": _error("Well-formed but unusable: the tensor's name, type or shape, no mask token, a value."),
             "500": _error("The model failed on this input (its batch neighbours were answered)."),
-            "503": _error("Overloaded or shutting down: refused at the door.", _retry_after()),
+            "503": _error("Overloaded or shutting down: refused before the body is read.", _retry_after()),
             "504": _error("The deadline passed before the answer was ready."),
         },
     }

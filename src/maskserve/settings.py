@@ -196,7 +196,7 @@ class Settings:
         "Precision of the forward pass. auto = float32 on CPU (the pipeline's answers), float16 on "
         "CUDA. bfloat16 on the CPU (torch, openvino): runs on the CPU's matrix units where it has AMX "
         "(several times faster) or AVX-512 BF16 (/info names them), at a small cost in agreement with "
-        "float32 (README: Backends); without them it is emulated and slower than float32. float16: "
+        "float32 (docs: Backends and precision); without them it is emulated and slower than float32. float16: "
         "CUDA only.",
     )
     quantize: str = _setting(
@@ -252,8 +252,8 @@ class Settings:
     max_batch_delay: float = _setting(
         0.0,
         _non_negative_float,
-        "Seconds a batch may wait for company, counted once from its oldest request. 0 = never wait: "
-        "requests that arrive while the model is busy batch together anyway.",
+        "Seconds a batch may wait for more requests to join it, counted once from its oldest request. "
+        "0 = never wait: requests that arrive while the model is busy batch together anyway.",
     )
     max_queue: int = _setting(
         256,
@@ -332,7 +332,7 @@ class Settings:
         str,
         "The middleware chain, outermost first: 'default', then -NAME to remove a stage, +NAME to add "
         "one at its slot, NAME to append; NAME is a built-in, an entry point or package.module:factory. "
-        "Checked at start-up (see the README's Middleware pipeline).",
+        "Checked at start-up (docs: Middleware, keys and CORS).",
     )
     # repr=False: the key never shows in a log line or a traceback that prints the settings.
     api_key: str | None = field(
@@ -505,7 +505,7 @@ def contradictions(settings: Settings) -> Iterator[tuple[str, str, str]]:
     if settings.default_top_k > settings.max_predictions:
         yield "default_top_k", "max_predictions", "a request of one text and one mask would already ask for too many"
     if settings.max_batch_delay >= settings.request_timeout:
-        yield "max_batch_delay", "request_timeout", "a request could time out waiting for company before its batch ran"
+        yield "max_batch_delay", "request_timeout", "a request could time out waiting for others to batch with"
 
 
 # A check of the settings by a higher layer, handed down at start-up (the middleware chain is

@@ -47,7 +47,7 @@ def test_typed_sentence_gets_predictions_drawn_as_bars(open_page: OpenPage, java
         page.evaluate("window.stillHere = true")
     fill_in(page, PARIS, top_k=5)
     expect(rows(page)).to_have_count(5)
-    # The default model's top guess for the Paris sentence (README: "city", about 0.11).
+    # The default model's top guess for the Paris sentence ("city", about 0.11).
     expect(page.locator("table.guesses td.word").first).to_have_text("city")
     expect(page.locator("#filled-sentence mark")).to_have_text("city")
     expect(page.locator("#filled-sentence")).to_have_text("Paris is the city of France.")

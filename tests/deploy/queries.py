@@ -18,7 +18,7 @@ from .manifests import ROOT
 RULES = ROOT / "deploy" / "prometheus" / "maskserve.rules.yaml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "maskserve.json"
 ADAPTER_RULES = ROOT / "deploy" / "kubernetes" / "prometheus-adapter-rules.yaml"
-README = ROOT / "README.md"
+OPERATIONS = ROOT / "docs" / "operations.md"
 
 
 @dataclass(frozen=True)
@@ -88,10 +88,16 @@ def adapter_query(rule: dict[str, Any], *, namespace: str, pods: list[str]) -> s
     return query
 
 
+def metrics_section() -> str:
+    """The Metrics section of docs/operations.md, whose table tests/test_metrics.py keeps equal to
+    what /metrics exports."""
+    return OPERATIONS.read_text(encoding="utf-8").split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+
+
 def exported_metrics() -> set[str]:
-    """The series /metrics exports, by the README's metrics table (histograms with their suffixes)
-    and the process collector's series that the README names beside it."""
-    table = README.read_text(encoding="utf-8").split("**Metrics.**", 1)[1].split("**Per request.**", 1)[0]
+    """The series /metrics exports, by the operations page's metrics table (histograms with their
+    suffixes) and the process collector's series that the page names beside it."""
+    table = metrics_section()
     rows = re.findall(r"^\| `(maskserve_\w+)` \| (\w+) ", table, re.M)
     names = {name for name, _ in rows}
     names |= {name + suffix for name, kind in rows if kind == "histogram" for suffix in ("_bucket", "_sum", "_count")}

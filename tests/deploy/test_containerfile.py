@@ -1,4 +1,4 @@
-"""deploy/Containerfile, checked without building it: no container engine runs here (README)."""
+"""deploy/Containerfile, checked without building it (tox -e image builds and runs it)."""
 
 from __future__ import annotations
 

@@ -110,6 +110,6 @@ def test_the_predictor_runs_hardened_with_caches_on_empty_dirs(isvc: dict[str, A
         assert mounts[str(path)] in empty_dirs, path
 
 
-def test_the_fleet_docs_point_to_it() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert str(Path("deploy/kserve/inferenceservice.yaml")) in readme
+def test_the_deployment_page_points_to_it() -> None:
+    page = (ROOT / "docs" / "deployment.md").read_text(encoding="utf-8")
+    assert str(Path("deploy/kserve/inferenceservice.yaml")) in page

@@ -10,7 +10,7 @@ from .manifests import KUBERNETES_VERSION, OVERLAYS_DIR, Object, container, mebi
 
 pytestmark = pytest.mark.deploy
 
-# Peak resident memory of a bert-base-shaped model in the README's benchmark.
+# Peak resident memory of a bert-base-shaped model in the benchmark.
 BERT_BASE_PEAK_RSS_MIB = 912
 
 

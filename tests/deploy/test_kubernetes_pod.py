@@ -11,7 +11,7 @@ from .manifests import Object, container, cpus, env_entry, mebibytes, one, pod_s
 
 pytestmark = pytest.mark.deploy
 
-# Peak resident memory of the default model measured in the README: 452 MiB in the benchmark,
+# Peak resident memory of the default model as measured: 452 MiB in the benchmark,
 # 509 MB (485 MiB) under the 2x overload soak.
 MEASURED_PEAK_RSS_MIB = 485
 # maskserve gives aiohttp this long past --drain-timeout to close connections (serve.py).

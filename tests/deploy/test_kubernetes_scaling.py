@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 import pytest
 
 from .manifests import Object, load_yaml, one, value
+from .queries import exported_metrics
 
 pytestmark = pytest.mark.deploy
-
-README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def adapter_rules() -> list[dict[str, object]]:
@@ -42,9 +38,7 @@ def test_the_adapter_publishes_the_metric_the_hpa_reads(rendered: list[Object]) 
 
 
 def test_the_adapter_reads_series_maskserve_exports() -> None:
-    # The README's metrics table lists what /metrics exports, with its exported names.
-    table = README.read_text(encoding="utf-8").split("**Metrics.**", 1)[1].split("**Per request.**", 1)[0]
-    exported = set(re.findall(r"^\| `(maskserve_\w+)` \|", table, re.M))
+    exported = exported_metrics()
     for rule in adapter_rules():
         series = str(rule["seriesQuery"]).split("{", 1)[0]
         assert series in exported, series

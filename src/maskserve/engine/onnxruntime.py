@@ -160,7 +160,7 @@ def load_onnx_engine(
     if device == "cuda":
         raise BackendUnavailable("--backend onnxruntime runs on the CPU only; use --backend torch for --device cuda")
     if dtype not in ("auto", "float32"):
-        # bfloat16 on the CPU is the openvino and torch backends' (README: Backends).
+        # bfloat16 on the CPU is the openvino and torch backends' (docs: Backends and precision).
         other = "--backend openvino or --backend torch" if dtype == "bfloat16" else "--backend torch"
         raise BackendUnavailable(f"--backend onnxruntime runs float32 only, not --dtype {dtype}; use {other} for it")
     if quantize != "none":

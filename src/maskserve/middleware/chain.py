@@ -280,7 +280,7 @@ def check_order(stages: Sequence[Stage]) -> None:
     builtins = [s.name for s in stages if s.builtin]
     expected = [s.name for s in BUILTIN_STAGES if s.name in builtins]
     if builtins != expected:
-        raise _fail(order, f"built-in stages must keep their order ({', '.join(expected)}); see the README's table")
+        raise _fail(order, f"built-in stages must keep their order ({', '.join(expected)}); see docs/middleware.md")
     errors_at = names.index("errors")
     for stage in stages[:errors_at]:
         if not stage.outside_errors:

@@ -1,0 +1,114 @@
+"""The docs stay true to the code: what docs/hooks.py generates covers everything, the pages ask
+only for parts it makes, and what is written by hand names real headers, files and anchors.
+
+``tox -e docs`` builds the site itself (``mkdocs build --strict``); these tests run without mkdocs,
+in the fast suite, so a setting or an error added without its docs fails here too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import re
+from pathlib import Path
+from types import ModuleType
+
+from maskserve.settings import GROUPS, Settings, env_names, flag_names
+
+from .test_layers import contract_layers
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+HEADERS = ("X-Request-Id", "X-Queue-Time-Ms", "X-Inference-Time-Ms", "X-Batch-Size", "X-Request-Timeout", "Retry-After")
+# A Markdown link to a file of the repository: [text](path) or [text](path#anchor), not a URL.
+LINK = re.compile(r"\]\((?!https?://|mailto:|#)([^)\s#]+)(?:#([^)\s]+))?\)")
+
+
+def load_hooks() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("docs_hooks", DOCS / "hooks.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+hooks = load_hooks()
+
+
+def pages() -> list[Path]:
+    return sorted(DOCS.glob("*.md"))
+
+
+def anchors(markdown: Path) -> set[str]:
+    """The anchors of a Markdown file's headings, as GitHub and mkdocs make them."""
+    found = set()
+    for title in re.findall(r"^#+ (.+)$", markdown.read_text(encoding="utf-8"), re.M):
+        found.add(re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-"))
+    return found
+
+
+def test_every_marker_in_the_pages_is_one_the_hooks_make() -> None:
+    for page in pages():
+        for line in page.read_text(encoding="utf-8").splitlines():
+            if "<!-- generated" not in line:
+                continue
+            marker = hooks.MARKER.fullmatch(line)
+            assert marker, f"{page.name}: a malformed marker: {line}"
+            name, argument = marker.groups()
+            if name in hooks.TABLES:
+                assert argument is None, f"{page.name}: {name} takes no argument"
+            else:
+                assert name in hooks.FILES and argument, f"{page.name}: unknown marker {line}"
+                hooks.generated(name, argument)  # the file it includes is there
+
+
+def test_every_page_is_in_the_site_navigation() -> None:
+    config = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    for page in pages():
+        assert f": {page.name}\n" in config, f"{page.name} is not in mkdocs.yml's nav"
+
+
+def test_the_configuration_tables_show_every_flag_and_variable_once() -> None:
+    tables = hooks.settings_tables()
+    rows = [line for line in tables.splitlines() if line.startswith("| `--")]
+    assert len(rows) == len(dataclasses.fields(Settings))
+    for f in dataclasses.fields(Settings):
+        for name in (*flag_names(f), *env_names(f)):
+            assert f"`{name}`" in tables, name
+    for title in GROUPS:
+        assert f"### {title[0].upper()}{title[1:]}\n" in tables
+
+
+def test_the_errors_table_shows_every_error_type_once() -> None:
+    classes = hooks.error_classes()
+    kinds = [cls.kind for cls in classes]
+    assert len(kinds) == len(set(kinds)), "two errors share an error_type"
+    table = hooks.errors_table()
+    for cls in classes:
+        assert f"| {cls.status} | `{cls.kind}` |" in table
+
+
+def test_the_generated_layer_table_is_the_enforced_contract() -> None:
+    assert [modules for modules, _ in hooks.docstring_layers()] == contract_layers()
+    assert len(hooks.layers_table().splitlines()) == len(contract_layers()) + 2
+
+
+def test_the_openapi_reference_is_built_from_the_served_document() -> None:
+    document = hooks.openapi_document()
+    assert document["openapi"].startswith("3.1")
+    assert "/v2/models/{model}/versions/{version}/infer" in document["paths"]
+
+
+def test_the_api_page_documents_every_header() -> None:
+    api = (DOCS / "api.md").read_text(encoding="utf-8")
+    for header in HEADERS:
+        assert f"`{header}`" in api, header
+
+
+def test_the_readme_and_contributing_links_reach_files_and_headings_that_exist() -> None:
+    for doc in (ROOT / "README.md", ROOT / "CONTRIBUTING.md"):
+        for target, anchor in LINK.findall(doc.read_text(encoding="utf-8")):
+            path = (doc.parent / target).resolve()
+            assert path.exists(), f"{doc.name} links to {target}, which does not exist"
+            if anchor:
+                assert anchor in anchors(path), f"{doc.name} links to {target}#{anchor}, which has no such heading"
