@@ -159,6 +159,8 @@ async def test_no_request_can_name_a_model_or_a_file(make_client: ClientFactory,
         "/static/%2fetc%2fpasswd",
         "/static//etc/passwd",
         "/static/no-such-file.css",
+        "/static/" + "x" * 300,  # too long a name for the filesystem: no such file, not a 500
+        "/static/" + "\u0303" * 200 + ".css",  # the same, in bytes, with combining characters
         "/../../etc/passwd",
         "/%2e%2e/%2e%2e/etc/passwd",
         "/templates/index.html",

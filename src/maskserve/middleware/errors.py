@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import secrets
+from pathlib import Path
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -103,9 +104,20 @@ def assign_request_id(request: web.Request) -> str:
     return request_id
 
 
+def _serves_files(request: web.Request) -> bool:
+    return isinstance(request.match_info.route.resource, web.StaticResource)
+
+
+def _file_exists(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a name too long for the filesystem, say: no such file either (found by fuzzing)
+        return False
+
+
 async def _is_file(response: web.FileResponse) -> bool:
     # FileResponse keeps its path only in ``_path``; stat it off the event loop, as aiohttp does.
-    return await asyncio.to_thread(response._path.is_file)
+    return await asyncio.to_thread(_file_exists, response._path)
 
 
 @web.middleware
@@ -120,9 +132,14 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             exc.headers[REQUEST_ID_HEADER] = request_id
             raise
         error = _from_http_exception(exc)
-    except Exception:
-        log.exception("unexpected error [request_id=%s]", request_id)
-        error = InternalError(INTERNAL_MESSAGE)
+    except Exception as exc:
+        if isinstance(exc, OSError) and _serves_files(request):
+            # aiohttp's static route resolves the name itself, and a name the filesystem refuses
+            # (too long, say) raises there: it names no file we serve (found by fuzzing).
+            error = NotFound("no such path; POST / with a sentence to fill")
+        else:
+            log.exception("unexpected error [request_id=%s]", request_id)
+            error = InternalError(INTERNAL_MESSAGE)
     else:
         if isinstance(response, web.FileResponse) and not await _is_file(response):
             # aiohttp's static route finds a missing file only while sending, and then answers
