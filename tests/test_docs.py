@@ -112,3 +112,30 @@ def test_the_readme_and_contributing_links_reach_files_and_headings_that_exist()
             assert path.exists(), f"{doc.name} links to {target}, which does not exist"
             if anchor:
                 assert anchor in anchors(path), f"{doc.name} links to {target}#{anchor}, which has no such heading"
+
+
+def results(name: str) -> str:
+    return (ROOT / "benchmarks" / "results" / name).read_text(encoding="utf-8")
+
+
+def test_the_readme_figures_are_the_committed_benchmark_results() -> None:
+    """The few figures the README shows (where a user chooses by them) are read from the result
+    files they quote, so a rerun benchmark cannot leave the landing page stale."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    costliest = results("costliest.md")
+    ratio = re.search(r"^\| ratio \| (\d+)x \|$", costliest, re.M)
+    livez = re.search(r"^\| `/livez` meanwhile: .* \| [\d.]+ / ([\d.]+) / [\d.]+ ms \|$", costliest, re.M)
+    assert ratio and livez
+    assert f"takes {ratio.group(1)}× a full batch" in readme
+    assert f"p99 {round(float(livez.group(1)))} ms" in readme
+    matrix = results("matrix-units.md")
+    against_torch = {
+        system: figure
+        for system, figure in re.findall(r"^\| 64 \| maskserve ([\w ]+) \| .* \| ([\d.]+×) \|$", matrix, re.M)
+    }
+    assert f"| `--backend openvino --dtype bfloat16` | {against_torch['openvino bf16']} " in readme
+    assert f"| `--backend openvino` | {against_torch['openvino']} |" in readme
+    assert f"| {against_torch['onnxruntime']} / {against_torch['openvino']} |" in readme
+    agreement = results("agreement.md")
+    top1 = re.search(r"^\| default .* \| openvino bfloat16 .* \| \d+/\d+ \(([\d.]+%)\) \|", agreement, re.M)
+    assert top1 and f"| {top1.group(1)} |" in readme
