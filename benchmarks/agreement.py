@@ -63,11 +63,11 @@ def _onnxruntime(path: Path, threads: int) -> FillMaskEngine:
     return load_onnx_engine(str(path), cache_dir=EXPORT_CACHE, threads=threads)
 
 
-def _openvino(dtype: str) -> Callable[[Path, int], FillMaskEngine]:
+def _openvino(dtype: str, quantize: str = "none") -> Callable[[Path, int], FillMaskEngine]:
     def load(path: Path, threads: int) -> FillMaskEngine:
         from maskserve.engine.openvino import load_openvino_engine
 
-        return load_openvino_engine(str(path), cache_dir=EXPORT_CACHE, threads=threads, dtype=dtype)
+        return load_openvino_engine(str(path), cache_dir=EXPORT_CACHE, threads=threads, dtype=dtype, quantize=quantize)
 
     return load
 
@@ -78,6 +78,8 @@ VARIANTS = (
     Variant("onnxruntime float32", "--backend onnxruntime", _onnxruntime, "onnxruntime"),
     Variant("openvino float32", "--backend openvino", _openvino("float32"), "openvino"),
     Variant("openvino bfloat16", "--backend openvino --dtype bfloat16", _openvino("bfloat16"), "openvino"),
+    Variant("torch int8", "--quantize int8", lambda p, t: load_engine(str(p), threads=t, quantize="int8")),
+    Variant("openvino int8", "--backend openvino --quantize int8", _openvino("float32", "int8"), "nncf"),
 )
 
 

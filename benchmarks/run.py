@@ -4,12 +4,12 @@
     python -m benchmarks.run             # the full run: more requests and rounds
     python -m benchmarks.run --backends torch --no-extras   # maskserve on torch only
     python -m benchmarks.run --quick --models bert-base --no-extras \
-        --backends torch,torch-bf16,onnxruntime,openvino,openvino-bf16   # the CPU's matrix units
+        --backends torch,torch-bf16,onnxruntime,openvino,openvino-bf16,openvino-int8   # the CPU's matrix units
 
 For each model (the default model; a random model of bert-base's shape) it starts the servers as
 subprocesses, then repeats rounds that take turns between (a) the seed design, (c) maskserve on
-each backend and precision (torch; torch bf16, onnxruntime, openvino and openvino bf16 when
-installed) in closed loops at each concurrency,
+each backend and precision (torch; torch bf16, onnxruntime, openvino, openvino bf16 and openvino
+int8 when installed) in closed loops at each concurrency,
 (b) the offline pipeline at several batch sizes, plain and length-sorted, and (d) concurrency 1
 *interleaved* (interleaved.py): every sentence sent to each server in turn and to one offline
 pipeline call. On the default model two extra systems run at concurrency 64: maskserve with
@@ -40,7 +40,7 @@ from typing import Any
 import torch
 import transformers
 
-from maskserve.engine.cpu import describe_features, matrix_features, precision_in_effect
+from maskserve.engine.cpu import describe_features, int8_in_effect, matrix_features, precision_in_effect
 from maskserve.settings import available_cpus
 
 from . import offline
@@ -54,6 +54,7 @@ from .servers import RssSampler, Server, free_port, maskserve_argv, rss_bytes, s
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.md"
 SEED, MASKSERVE, MASKSERVE_ORT = "seed design", "maskserve", "maskserve onnxruntime"
 MASKSERVE_BF16, MASKSERVE_OV, MASKSERVE_OV_BF16 = "maskserve bf16", "maskserve openvino", "maskserve openvino bf16"
+MASKSERVE_OV_INT8 = "maskserve openvino int8"
 # maskserve's system name per --backends entry, and the flags that start it; the onnxruntime and
 # openvino graphs are cached under .bench-cache/.
 BACKEND_SYSTEMS = {
@@ -62,6 +63,7 @@ BACKEND_SYSTEMS = {
     "onnxruntime": MASKSERVE_ORT,
     "openvino": MASKSERVE_OV,
     "openvino-bf16": MASKSERVE_OV_BF16,
+    "openvino-int8": MASKSERVE_OV_INT8,
 }
 BACKEND_FLAGS: dict[str, tuple[str, ...]] = {
     "torch": (),
@@ -69,9 +71,15 @@ BACKEND_FLAGS: dict[str, tuple[str, ...]] = {
     "onnxruntime": ("--backend", "onnxruntime"),
     "openvino": ("--backend", "openvino"),
     "openvino-bf16": ("--backend", "openvino", "--dtype", "bfloat16"),
+    "openvino-int8": ("--backend", "openvino", "--quantize", "int8"),
 }
 # The module each entry needs installed.
-BACKEND_NEEDS = {"onnxruntime": "onnxruntime", "openvino": "openvino", "openvino-bf16": "openvino"}
+BACKEND_NEEDS = {
+    "onnxruntime": "onnxruntime",
+    "openvino": "openvino",
+    "openvino-bf16": "openvino",
+    "openvino-int8": "nncf",
+}
 EXPORT_CACHE = CACHE_DIR / "maskserve-cache"
 # Extra systems, on the default model only, each measured at EXTRA_CONCURRENCY: what tracing costs,
 # and what a second worker gives. (name, extra flags, extra environment)
@@ -492,6 +500,12 @@ def matrix_units_section(run: ModelRun) -> list[str]:
                 f"- this CPU has no AMX ({describe_features()}): the bfloat16 figures above are "
                 f"{precision_in_effect('bfloat16', 'cpu')} figures, and the AMX targets were not measured"
             )
+    if MASKSERVE_OV_INT8 in run.systems and MASKSERVE in run.systems:
+        lines.append(
+            f"- {MASKSERVE_OV_INT8} ({int8_in_effect()}): {rps_ratio(MASKSERVE_OV_INT8, MASKSERVE)} the req/s "
+            f"of {MASKSERVE} (torch float32) at c={c_high}; p50 at c=1, interleaved "
+            f"{c1_ratio(MASKSERVE_OV_INT8, MASKSERVE)} (its agreement with float32: benchmarks/agreement.py)"
+        )
     return ["", "Matrix units (ratios are medians of per-round ratios):", "", *lines] if lines else []
 
 

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from maskserve.engine.cpu import describe_features, matrix_features, native_bf16, precision_in_effect, read_flags
+from maskserve.engine.cpu import (
+    describe_features,
+    int8_in_effect,
+    matrix_features,
+    native_bf16,
+    precision_in_effect,
+    read_flags,
+)
 
 SAPPHIRE_RAPIDS = {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile"}
 ZEN4 = {"avx2", "avx512f", "avx512_bf16", "avx512_vnni"}
@@ -43,3 +50,10 @@ def test_the_precision_says_what_runs_bfloat16_and_when_it_is_emulated() -> None
     assert "emulated" in emulated and "slower than float32" in emulated
     assert precision_in_effect("float32", "cpu", SKYLAKE) == "float32"
     assert precision_in_effect("bfloat16", "cuda:0", SKYLAKE) == "bfloat16"  # the GPU's own units
+
+
+def test_int8_says_which_units_run_it() -> None:
+    assert int8_in_effect(SAPPHIRE_RAPIDS) == "int8 on AMX"
+    assert int8_in_effect(ZEN4) == "int8 on AVX-512 VNNI"
+    assert int8_in_effect({"avx2", "avx_vnni"}) == "int8 on AVX-VNNI"
+    assert "without VNNI or AMX" in int8_in_effect(SKYLAKE)

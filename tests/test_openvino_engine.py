@@ -70,7 +70,6 @@ def test_describes_its_backend_threads_precision_and_graph(ov_bert_engine: FillM
     [
         ({"device": "cuda"}, "--device cuda"),
         ({"dtype": "float16"}, "--dtype float16"),
-        ({"quantize": "int8"}, "--quantize int8"),
     ],
 )
 def test_what_it_cannot_run_is_refused_naming_the_setting(

@@ -202,8 +202,10 @@ class Settings:
     quantize: str = _setting(
         "none",
         _choice("none", "int8"),
-        "int8 = dynamic int8 quantization of linear layers (CPU only): faster on CPU, answers may "
-        "differ slightly from float32 (see the benchmark's top-1 agreement).",
+        "int8: answers move a little from float32's (docs: Backends and precision, for the measured "
+        "agreement). On torch, dynamic int8 of the linear layers (CPU only). On openvino (pip install "
+        "'maskserve[openvino-int8]'), the encoder quantized to int8 by NNCF on built-in calibration "
+        "texts, the head kept in float32: fast on CPUs with VNNI or AMX. onnxruntime refuses it.",
     )
     threads: int = _setting(
         0,

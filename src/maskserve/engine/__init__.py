@@ -12,10 +12,11 @@ already tokenized, length-varied batches. It implements ``model_api.FillMaskMode
     onnx_export.py  that graph: export, fusion, the content-keyed disk cache
     openvino.py     the openvino backend (maskserve[openvino]): the graph run by OpenVINO, f32 or bf16
     openvino_export.py  that graph: convert_model of the same module, cached like the ONNX export
+    openvino_quantize.py  that graph quantized to int8 by NNCF (--quantize int8), cached beside it
     probe.py        the check every exported graph passes against torch before it is served
     cpu.py          the CPU's matrix features and the precision in effect (no torch)
 
-Importing this package imports torch, and none of onnx, onnxruntime or openvino: those backends
+Importing this package imports torch, and none of onnx, onnxruntime, openvino or nncf: those backends
 are imported by name, only when asked for.
 """
 

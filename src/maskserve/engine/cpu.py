@@ -65,3 +65,16 @@ def precision_in_effect(dtype: str, device: str, flags: Iterable[str] | None = N
     if "avx512_bf16" in features:
         return "bfloat16 on AVX-512 BF16"
     return "bfloat16, emulated: this CPU has no AMX or AVX-512 BF16, so it runs slower than float32"
+
+
+def int8_in_effect(flags: Iterable[str] | None = None) -> str:
+    """What an int8 graph's products run on: AMX, VNNI (one instruction per 4-wide dot product),
+    or neither, where each product takes several instructions."""
+    features = matrix_features(flags)
+    if "amx_int8" in features:
+        return "int8 on AMX"
+    if "avx512_vnni" in features:
+        return "int8 on AVX-512 VNNI"
+    if "avx_vnni" in features:
+        return "int8 on AVX-VNNI"
+    return "int8 without VNNI or AMX: each int8 product takes several instructions"

@@ -9,6 +9,8 @@ afterwards. Tokenization, targets, top-k and the answer's shape are the shared
 float32 is set explicitly: OpenVINO's own default on a CPU with AMX is bfloat16, which would
 change the answers without the operator asking. ``--dtype bfloat16`` compiles the same graph in
 bfloat16, where the CPU runs it natively (AMX or AVX-512 BF16); elsewhere it is refused.
+``--quantize int8`` serves the graph of ``openvino_quantize.py`` instead: int8 encoder, float32
+head.
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ from .base import (
     encoder_flops_per_token,
     load_pretrained,
 )
-from .cpu import describe_features, precision_in_effect
+from .cpu import describe_features, int8_in_effect, precision_in_effect
 from .onnx_export import INPUTS, CachedExport, ExportFailed, discard, export_to_cache, find_export, one_line
 from .openvino_export import COMPILED_DIR, MODEL_FILE, convert_graph, export_key
+from .openvino_quantize import quantize_graph, quantized_key
 from .probe import Probe
 
 log = logging.getLogger(__name__)
@@ -44,6 +47,20 @@ DTYPES = {"f32": "float32", "bf16": "bfloat16"}
 # A graph must give torch float32's scores within this on the probe: the fidelity bound for
 # float32, and for bfloat16 the bound its fidelity test holds the default model to.
 PROBE_SCORE_TOLERANCE = {"f32": 1e-4, "bf16": 0.02}
+# int8 moves scores further than bfloat16 does, most on the probe's short texts of a small model:
+# here the probe only has to tell a right graph, a little off, from a broken one, whose scores
+# would be unrelated to torch's. int8's agreement is measured by benchmarks/agreement.py.
+INT8_PROBE_SCORE_TOLERANCE = 0.25
+
+
+def _require_nncf() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("nncf") is None:
+        raise BackendUnavailable(
+            "--backend openvino --quantize int8 needs nncf (OpenVINO's quantizer): "
+            "pip install 'maskserve[openvino-int8]'"
+        )
 
 
 def _openvino() -> Any:
@@ -116,6 +133,7 @@ class OpenVinoFillMaskEngine(FillMaskEngine):
         threads: ThreadPolicy,
         architecture: str,
         precision: str,
+        quantize: str = "none",
     ) -> None:
         super().__init__(
             tokenizer,
@@ -129,6 +147,7 @@ class OpenVinoFillMaskEngine(FillMaskEngine):
         self.compiled = compiled
         self.request = compiled.create_infer_request()
         self.export = export
+        self.quantize = quantize
 
     def _mask_logits(
         self, input_ids: np.ndarray, attention_mask: np.ndarray, rows: np.ndarray, cols: np.ndarray
@@ -151,6 +170,7 @@ class OpenVinoFillMaskEngine(FillMaskEngine):
             "openvino_version": openvino.__version__,
             "export_cache_key": self.export.key,
             "export_path": str(self.export.model_file),
+            **({"precision": int8_in_effect()} if self.quantize == "int8" else {}),
         }
 
 
@@ -181,15 +201,22 @@ def load_openvino_engine(
     if device == "cuda":
         raise BackendUnavailable("--backend openvino runs on the CPU only; use --backend torch for --device cuda")
     precision = _precision_for(dtype)
-    if quantize != "none":
-        raise BackendUnavailable(f"--quantize {quantize} runs on --backend torch only")
+    if quantize == "int8":
+        if precision != "f32":
+            raise BackendUnavailable(
+                f"--backend openvino --quantize int8 runs with --dtype float32 (the default), not --dtype {dtype}: "
+                "its int8 graph keeps the head in float32"
+            )
+        _require_nncf()
+    elif quantize != "none":
+        raise BackendUnavailable(f"--backend openvino runs --quantize int8 or none, not {quantize}")
     _openvino()
     torch.set_num_threads(1)  # see OpenVinoFillMaskEngine._mask_logits
     root = cache_dir / "openvino"
     log.info(
         "loading model from %s for openvino (%s, %d threads, cache %s); CPU matrix features: %s",
         model or default_model_dir(),
-        precision_in_effect(DTYPES[precision], "cpu"),
+        int8_in_effect() if quantize == "int8" else precision_in_effect(DTYPES[precision], "cpu"),
         threads,
         root,
         describe_features(),
@@ -199,7 +226,7 @@ def load_openvino_engine(
     key, parts = export_key(loaded.model)
     probe = Probe(loaded.tokenizer, loaded.model)
 
-    def open_checked(model_file: Path) -> Any:
+    def open_checked(model_file: Path, tolerance: float = PROBE_SCORE_TOLERANCE[precision]) -> Any:
         compiled = compile_graph(model_file, precision, threads)
         got = precision_of(compiled)
         if got != precision:
@@ -209,24 +236,55 @@ def load_openvino_engine(
                 "or --backend torch (which emulates bfloat16, slower than float32)"
             )
         request = compiled.create_infer_request()
-        probe.check(lambda *inputs: run_graph(request, *inputs), PROBE_SCORE_TOLERANCE[precision])
+        probe.check(lambda *inputs: run_graph(request, *inputs), tolerance)
         return compiled
 
-    export = find_export(root, key, MODEL_FILE)
-    compiled = None
-    if export is not None:
-        try:
-            compiled = open_checked(export.model_file)
-        except ExportFailed as exc:
-            log.warning("the cached graph %s fails its check (%s); converting again", export.folder, exc)
-            discard(export.folder)
-            export = None
-    if export is None or compiled is None:
+    def float32_graph() -> tuple[CachedExport, Any]:
+        export = find_export(root, key, MODEL_FILE)
+        if export is not None:
+            try:
+                return export, open_checked(export.model_file)
+            except ExportFailed as exc:
+                log.warning("the cached graph %s fails its check (%s); converting again", export.folder, exc)
+                discard(export.folder)
         log.info("converting %s to OpenVINO (once per model and versions; cache key %s)", loaded.name, key)
-        export, compiled = export_to_cache(
+        made = export_to_cache(
             loaded.model, root, key, parts, open_checked, build=convert_graph, model_name=MODEL_FILE, what="OpenVINO"
         )
-        log.info("converted in %.1fs", export.meta["convert_seconds"])
+        log.info("converted in %.1fs", made[0].meta["convert_seconds"])
+        return made
+
+    def int8_graph() -> tuple[CachedExport, Any]:
+        int8_key, int8_parts = quantized_key(parts)
+
+        def open_int8(model_file: Path) -> Any:
+            return open_checked(model_file, INT8_PROBE_SCORE_TOLERANCE)
+
+        export = find_export(root, int8_key, MODEL_FILE)
+        if export is not None:
+            try:
+                return export, open_int8(export.model_file)
+            except ExportFailed as exc:
+                log.warning("the cached int8 graph %s fails its check (%s); quantizing again", export.folder, exc)
+                discard(export.folder)
+        # Read after the float32 graph is compiled: the shared Core starts before NNCF's own.
+        float32_file = float32_graph()[0].model_file
+        float32 = shared_core().read_model(str(float32_file))
+        log.info("quantizing %s to int8 with NNCF (once per model and versions; cache key %s)", loaded.name, int8_key)
+        made = export_to_cache(
+            loaded.model,
+            root,
+            int8_key,
+            int8_parts,
+            open_int8,
+            build=lambda _model, folder: quantize_graph(float32, folder, loaded.tokenizer),
+            model_name=MODEL_FILE,
+            what="OpenVINO int8",
+        )
+        log.info("quantized in %.1fs", made[0].meta["quantize_seconds"])
+        return made
+
+    export, compiled = int8_graph() if quantize == "int8" else float32_graph()
     engine = OpenVinoFillMaskEngine(
         loaded.tokenizer,
         loaded.model.config,
@@ -236,13 +294,14 @@ def load_openvino_engine(
         threads=ThreadPolicy(threads, False, flops_per_token),
         architecture=type(loaded.model).__name__,
         precision=precision,
+        quantize=quantize,
     )
     engine.source = loaded.source
     engine.load_seconds = time.perf_counter() - started
     log.info(
         "model ready in %.2fs on openvino %s (%s graph %s): %s, mask token %s, up to %d tokens, mask-only head: %s",
         engine.load_seconds,
-        precision_in_effect(engine.dtype, "cpu"),
+        engine.describe()["precision"],
         "cached" if export.reused else "new",
         export.folder,
         engine.architecture,
