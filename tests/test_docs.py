@@ -133,9 +133,16 @@ def test_the_readme_figures_are_the_committed_benchmark_results() -> None:
         system: figure
         for system, figure in re.findall(r"^\| 64 \| maskserve ([\w ]+) \| .* \| ([\d.]+×) \|$", matrix, re.M)
     }
-    assert f"| `--backend openvino --dtype bfloat16` | {against_torch['openvino bf16']} " in readme
-    assert f"| `--backend openvino` | {against_torch['openvino']} |" in readme
-    assert f"| {against_torch['onnxruntime']} / {against_torch['openvino']} |" in readme
     agreement = results("agreement.md")
-    top1 = re.search(r"^\| default .* \| openvino bfloat16 .* \| \d+/\d+ \(([\d.]+%)\) \|", agreement, re.M)
-    assert top1 and f"| {top1.group(1)} |" in readme
+    rows = {line.split(" | ")[1]: line for line in readme.splitlines() if line.startswith("| ")}
+    for system, engine, flags in (
+        ("openvino int8", "openvino int8", "--backend openvino --quantize int8"),
+        ("openvino bf16", "openvino bfloat16", "--backend openvino --dtype bfloat16"),
+        ("openvino", "openvino float32", "--backend openvino"),
+        ("onnxruntime", "onnxruntime float32", "--backend onnxruntime"),
+    ):
+        row = rows[f"`{flags}`"]
+        top1 = re.search(rf"^\| default .* \| {engine} .* \| \d+/\d+ \(([\d.]+)%\) \|", agreement, re.M)
+        assert top1, engine
+        assert row.split(" | ")[2].startswith(against_torch[system]), (row, against_torch[system])
+        assert row.endswith(f"| {float(top1.group(1)):g}% |"), (row, top1.group(1))
