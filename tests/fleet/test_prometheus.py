@@ -19,15 +19,18 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from benchmarks.haproxy import HAProxy
 
 from ..deploy.queries import adapter_query, adapter_rules, alert_rules, grafana_expr, panel_queries
-from . import dashboard_picture
 from .fleet import ARTIFACTS, CLIENTS, Replica, Workload, load_figures, record, steady_load
 from .prometheus import INTERVAL, NAMESPACE, Prometheus, running_prometheus
+
+if TYPE_CHECKING:
+    from .dashboard_picture import PanelData
 
 pytestmark = pytest.mark.fleet
 
@@ -94,10 +97,12 @@ async def evaluate_everything(prometheus: Prometheus, pods: list[str]) -> dict[s
     return shown
 
 
-async def draw_dashboard(
-    prometheus: Prometheus, *, start: float, load: tuple[float, float]
-) -> list[dashboard_picture.PanelData]:
+async def draw_dashboard(prometheus: Prometheus, *, start: float, load: tuple[float, float]) -> list[PanelData]:
     """Every panel over ``start`` to now, drawn into artifacts/dashboard.png, the load shaded."""
+    # matplotlib is installed in the fleet env only. Imported here, this module still imports (and
+    # its test is deselected) in the envs that collect tests/fleet/ without running it.
+    from . import dashboard_picture
+
     end = time.time()
     rows, panels = dashboard_picture.layout()
     pictured = await dashboard_picture.query_panels(
