@@ -88,7 +88,8 @@ class QueryError(AssertionError):
 
 
 class Prometheus:
-    """One Prometheus server in its own process group; :meth:`query` through the HTTP API."""
+    """One Prometheus server in its own process group; :meth:`query` and :meth:`query_range` through
+    the HTTP API."""
 
     def __init__(self, folder: Path, replicas: Sequence[Replica]) -> None:
         folder.mkdir(parents=True, exist_ok=True)
@@ -152,6 +153,13 @@ class Prometheus:
         """An instant query: its series, each ``{"metric": labels, "value": [time, "text"]}``."""
         data = await self.api("query", query=expr)
         result: list[dict[str, Any]] = data["result"] if data["resultType"] == "vector" else []
+        return result
+
+    async def query_range(self, expr: str, *, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        """A range query over ``[start, end]`` (Unix times), a point every ``step`` seconds: its
+        series, each ``{"metric": labels, "values": [[time, "text"], ...]}``."""
+        data = await self.api("query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}", step=f"{step:g}")
+        result: list[dict[str, Any]] = data["result"] if data["resultType"] == "matrix" else []
         return result
 
     async def by_pod(self, expr: str) -> dict[str, float]:

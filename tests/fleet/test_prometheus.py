@@ -8,6 +8,9 @@ and every per-pod query must return each replica. Each replica must report itsel
 process's start time (the series of the not-ready and restart alerts), and no alert about a
 replica's health may fire, or even be pending, under load. The adapter's busy ratio must rise when
 the load starts and fall back once it stops, which its 1-minute window makes take about a minute.
+Last, every panel is drawn from its queries over the whole load into artifacts/dashboard.png, the
+picture of the dashboard in the docs: each panel must have drawn a line, each per-pod panel one
+per replica.
 """
 
 from __future__ import annotations
@@ -16,14 +19,18 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from benchmarks.haproxy import HAProxy
 
 from ..deploy.queries import adapter_query, adapter_rules, alert_rules, grafana_expr, panel_queries
-from .fleet import Replica, Workload, load_figures, record, steady_load
+from .fleet import ARTIFACTS, CLIENTS, Replica, Workload, load_figures, record, steady_load
 from .prometheus import INTERVAL, NAMESPACE, Prometheus, running_prometheus
+
+if TYPE_CHECKING:
+    from .dashboard_picture import PanelData
 
 pytestmark = pytest.mark.fleet
 
@@ -50,6 +57,10 @@ REPLICA_ALERTS = (
 # How far a replica's process_start_time_seconds may be from when the test spawned it: the kernel
 # counts a process's start from its boot time, which it keeps in whole seconds.
 START_TOLERANCE_S = 3.0
+# The dashboard's picture: from a little before the load (as far back as Prometheus has scraped) to
+# the busy ratio's fall, a point every two scrapes, so that a line has many points but stays smooth.
+PICTURE_LEAD_S = 15.0
+PICTURE_STEP_S = 2.0
 
 
 def spawned_at(replica: Replica) -> float:
@@ -86,6 +97,37 @@ async def evaluate_everything(prometheus: Prometheus, pods: list[str]) -> dict[s
     return shown
 
 
+async def draw_dashboard(prometheus: Prometheus, *, start: float, load: tuple[float, float]) -> list[PanelData]:
+    """Every panel over ``start`` to now, drawn into artifacts/dashboard.png, the load shaded."""
+    # matplotlib is installed in the fleet env only. Imported here, this module still imports (and
+    # its test is deselected) in the envs that collect tests/fleet/ without running it.
+    from . import dashboard_picture
+
+    end = time.time()
+    rows, panels = dashboard_picture.layout()
+    pictured = await dashboard_picture.query_panels(
+        prometheus,
+        panels,
+        namespace=NAMESPACE,
+        rate_interval=RATE_INTERVAL,
+        start=start,
+        end=end,
+        step=PICTURE_STEP_S,
+    )
+    about = f"Prometheus scrapes three replicas (tests/fleet); shaded: {CLIENTS} clients sending through HAProxy."
+    dashboard_picture.draw(
+        pictured,
+        rows,
+        ARTIFACTS / "dashboard.png",
+        start=start,
+        end=end,
+        step=PICTURE_STEP_S,
+        about=about,
+        shaded=load,
+    )
+    return pictured
+
+
 async def test_every_alert_dashboard_and_adapter_query_runs_on_the_replicas(
     balancer: Callable[..., HAProxy], whole_fleet: list[Replica], workload: Workload, tmp_path: Path
 ) -> None:
@@ -98,6 +140,7 @@ async def test_every_alert_dashboard_and_adapter_query_runs_on_the_replicas(
         _, up = await prometheus.wait_for(
             'up{job="maskserve"}', lambda up: sorted(up) == pods and all(up.values()), 30, "three targets up"
         )
+        scraped_from = time.time()
         targets = (await prometheus.api("targets"))["activeTargets"]
         addresses = {t["labels"]["pod"]: t["labels"]["instance"] for t in targets}
         assert addresses == {r.name: f"{r.address.host}:{r.address.port}" for r in whole_fleet}
@@ -112,6 +155,7 @@ async def test_every_alert_dashboard_and_adapter_query_runs_on_the_replicas(
         _, idle = await prometheus.wait_for(busy, lambda b: sorted(b) == pods, 30, "a busy ratio per replica")
         assert max(idle.values()) < BUSY, idle
 
+        load_from = time.time()  # the clients start before the block is entered (steady_load's warm-up)
         async with steady_load(haproxy.url, workload) as load:
             load_began = time.monotonic()
             rise_s, loaded = await prometheus.wait_for(
@@ -122,12 +166,18 @@ async def test_every_alert_dashboard_and_adapter_query_runs_on_the_replicas(
             peak = await prometheus.by_pod(busy)
             loaded_ready = await prometheus.by_pod('maskserve_ready{job="maskserve"}')
             unwell = await prometheus.query(f'ALERTS{{alertname=~"{"|".join(REPLICA_ALERTS)}"}}')
+        load_to = time.time()
         fall_s, after = await prometheus.wait_for(
             busy,
             lambda b: sorted(b) == pods and all(b[pod] < peak[pod] / 2 for pod in pods),
             FALL_TIMEOUT_S,
             "busy falling once the load stopped",
         )
+        pictured_at = time.monotonic()
+        pictured = await draw_dashboard(
+            prometheus, start=max(scraped_from, load_from - PICTURE_LEAD_S), load=(load_from, load_to)
+        )
+        picture_s = time.monotonic() - pictured_at
     result = load.result
     assert result is not None
     record(
@@ -146,6 +196,7 @@ async def test_every_alert_dashboard_and_adapter_query_runs_on_the_replicas(
             "busy_peak": {pod: round(v, 3) for pod, v in peak.items()},
             "busy_fall_s_after_stop": round(fall_s, 1),
             "busy_after": {pod: round(v, 3) for pod, v in after.items()},
+            "picture_s": round(picture_s, 1),
             "test_s": round(time.monotonic() - began, 1),
         },
     )
@@ -155,3 +206,11 @@ async def test_every_alert_dashboard_and_adapter_query_runs_on_the_replicas(
     assert min(loaded.values()) > BUSY and fall_s <= FALL_TIMEOUT_S
     # The load was real and right: every answer through HAProxy correct.
     assert result.sent > 0 and result.wrong == 0, load.report()
+    # Every panel of the picture drew a line (two points at least), every per-pod panel one for each
+    # replica: a query that only returned NaN or a single point would leave a panel blank.
+    drawn = {data.panel.title: sorted(s.name for s in data.series if s.points >= 2) for data in pictured}
+    assert all(drawn.values()), drawn
+    per_pod = [data for data in pictured if data.panel.row == "Per pod"]
+    assert per_pod, "no Per pod row in the dashboard"
+    for data in per_pod:
+        assert sorted(s.labels.get("pod", "") for s in data.series if s.points >= 2) == pods, drawn
