@@ -179,6 +179,31 @@ def test_bfloat16_that_openvino_would_not_run_is_refused(
     assert "--backend torch" in str(caught.value)
 
 
+def test_the_plugins_per_shape_cache_is_bounded(
+    bert_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    core = ov_engine.shared_core()
+    configs: list[dict[str, object]] = []
+
+    class Recording:
+        def read_model(self, path: str) -> object:
+            return core.read_model(path)
+
+        def compile_model(self, model: object, device: str, config: dict[str, object]) -> object:
+            configs.append(config)
+            return core.compile_model(model, device, config)
+
+    monkeypatch.setattr(ov_engine, "shared_core", Recording)
+    engine = load_openvino_engine(str(bert_dir), cache_dir=tmp_path, threads=1)
+    assert configs and all(c["CPU_RUNTIME_CACHE_CAPACITY"] == ov_engine.RUNTIME_CACHE_SHAPES for c in configs)
+    # Many shapes, more than the cache holds, still answer alike.
+    first = top_answer(engine)
+    for rows in range(1, 3 * ov_engine.RUNTIME_CACHE_SHAPES // 8 + 2):
+        for words in range(1, 9):
+            engine.predict([Query(engine.encode("the " * words + "[MASK] one."), 1)] * rows)
+    assert top_answer(engine) == first
+
+
 def test_float32_is_asked_for_explicitly(ov_bert_engine: FillMaskEngine) -> None:
     # OpenVINO's own default on a CPU with AMX is bfloat16: float32 must never be left to it.
     assert ov_engine.precision_of(ov_bert_engine.compiled) == "f32"  # type: ignore[attr-defined]

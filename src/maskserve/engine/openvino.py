@@ -53,6 +53,14 @@ PROBE_SCORE_TOLERANCE = {"f32": 1e-4, "bf16": 0.02}
 INT8_PROBE_SCORE_TOLERANCE = 0.25
 
 
+# The graph's shapes are dynamic: the CPU plugin prepares kernels and buffers for each (batch,
+# length) it meets and keeps them in a cache, megabytes per shape on a bert-base-sized graph (most
+# in int8). Its own default keeps thousands, and served texts of varied lengths make thousands of
+# shapes: resident memory would grow by gigabytes. Bounded here; a shape that fell out is prepared
+# again, which costs little beside a forward pass (benchmarks/memory_soak.py measures both).
+RUNTIME_CACHE_SHAPES = 64
+
+
 def _require_nncf() -> None:
     import importlib.util
 
@@ -90,12 +98,14 @@ def compile_graph(model_file: Path, precision: str, threads: int) -> Any:
 
     One stream with the latency hint: maskserve runs one batch at a time, so all the threads go
     to that batch. The compiled model is kept in the entry's ``compiled/`` folder by OpenVINO.
+    The plugin's cache of per-shape kernels is bounded (:data:`RUNTIME_CACHE_SHAPES`).
     """
     config = {
         "INFERENCE_PRECISION_HINT": precision,
         "INFERENCE_NUM_THREADS": threads,
         "PERFORMANCE_HINT": "LATENCY",
         "NUM_STREAMS": 1,
+        "CPU_RUNTIME_CACHE_CAPACITY": RUNTIME_CACHE_SHAPES,
         "CACHE_DIR": str(model_file.parent / COMPILED_DIR),
     }
     try:
