@@ -121,6 +121,7 @@ def test_second_load_reuses_the_int8_graph_without_quantizing(
     assert not first.export.reused and float32.export.reused  # the int8 graph was made from it
     assert first.export.key != float32.export.key
     assert first.export.meta["parts"]["quantize"] == "int8" and first.export.meta["parts"]["nncf"]
+    assert first.describe()["mask_only_head"] == float32.describe()["mask_only_head"] == "yes"
 
     def no_quantizing(*args: object) -> None:
         raise AssertionError("quantized again although the cache holds this model's int8 graph")

@@ -278,16 +278,21 @@ def load_openvino_engine(
                 log.warning("the cached int8 graph %s fails its check (%s); quantizing again", export.folder, exc)
                 discard(export.folder)
         # Read after the float32 graph is compiled: the shared Core starts before NNCF's own.
-        float32_file = float32_graph()[0].model_file
-        float32 = shared_core().read_model(str(float32_file))
+        float32_export = float32_graph()[0]
+        float32 = shared_core().read_model(str(float32_export.model_file))
         log.info("quantizing %s to int8 with NNCF (once per model and versions; cache key %s)", loaded.name, int8_key)
+
+        def build(_model: Any, folder: Path) -> dict[str, Any]:
+            done = quantize_graph(float32, folder, loaded.tokenizer)
+            return {**done, "mask_only_head": float32_export.meta.get("mask_only_head")}
+
         made = export_to_cache(
             loaded.model,
             root,
             int8_key,
             int8_parts,
             open_int8,
-            build=lambda _model, folder: quantize_graph(float32, folder, loaded.tokenizer),
+            build=build,
             model_name=MODEL_FILE,
             what="OpenVINO int8",
         )
