@@ -184,6 +184,24 @@ def find_export(root: Path, key: str, model_name: str = MODEL_FILE) -> CachedExp
     return CachedExport(key, folder, True, meta, model_name)
 
 
+def open_cached(
+    root: Path, key: str, check: Callable[[Path], T], model_name: str = MODEL_FILE
+) -> tuple[CachedExport, T] | None:
+    """The intact entry for ``key`` and what ``check(model file)`` returned, or None.
+
+    An entry that fails ``check`` (it disagrees with torch) is discarded, so it is made again.
+    """
+    export = find_export(root, key, model_name)
+    if export is None:
+        return None
+    try:
+        return export, check(export.model_file)
+    except ExportFailed as exc:
+        log.warning("the cached graph %s fails its check (%s); making it again", export.folder, exc)
+        discard(export.folder)
+        return None
+
+
 def discard(folder: Path) -> None:
     """Remove an entry: first renamed out of its key's place, so no reader finds it half deleted."""
     trash = folder.parent / f".trash-{folder.name}-{os.getpid()}-{time.monotonic_ns()}"

@@ -31,11 +31,10 @@ from .onnx_export import (
     OUTPUT,
     CachedExport,
     ExportFailed,
-    discard,
     export_key,
     export_to_cache,
-    find_export,
     one_line,
+    open_cached,
 )
 from .probe import Probe
 
@@ -186,16 +185,10 @@ def load_onnx_engine(
         probe.check(lambda *inputs: run_graph(session, *inputs), PROBE_SCORE_TOLERANCE)
         return session
 
-    export = find_export(root, key)
-    session = None
-    if export is not None:
-        try:
-            session = open_checked(export.model_file)
-        except ExportFailed as exc:
-            log.warning("the cached export %s fails its check (%s); exporting again", export.folder, exc)
-            discard(export.folder)
-            export = None
-    if export is None or session is None:
+    cached = open_cached(root, key, open_checked)
+    if cached is not None:
+        export, session = cached
+    else:
         log.info("exporting %s to ONNX (once per model and versions; cache key %s)", loaded.name, key)
         export, session = export_to_cache(loaded.model, root, key, parts, open_checked)
         log.info(

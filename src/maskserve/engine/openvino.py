@@ -33,7 +33,7 @@ from .base import (
     load_pretrained,
 )
 from .cpu import describe_features, int8_in_effect, precision_in_effect
-from .onnx_export import INPUTS, CachedExport, ExportFailed, discard, export_to_cache, find_export, one_line
+from .onnx_export import INPUTS, CachedExport, ExportFailed, export_to_cache, one_line, open_cached
 from .openvino_export import COMPILED_DIR, MODEL_FILE, convert_graph, export_key
 from .openvino_quantize import quantize_graph, quantized_key
 from .probe import Probe
@@ -254,13 +254,9 @@ def load_openvino_engine(
         return compiled
 
     def float32_graph() -> tuple[CachedExport, Any]:
-        export = find_export(root, key, MODEL_FILE)
-        if export is not None:
-            try:
-                return export, open_checked(export.model_file)
-            except ExportFailed as exc:
-                log.warning("the cached graph %s fails its check (%s); converting again", export.folder, exc)
-                discard(export.folder)
+        cached = open_cached(root, key, open_checked, MODEL_FILE)
+        if cached is not None:
+            return cached
         log.info("converting %s to OpenVINO (once per model and versions; cache key %s)", loaded.name, key)
         made = export_to_cache(
             loaded.model, root, key, parts, open_checked, build=convert_graph, model_name=MODEL_FILE, what="OpenVINO"
@@ -277,13 +273,9 @@ def load_openvino_engine(
             # int8 graph from it that answered every token alike, and the loose probe let that by.
             return open_checked(model_file, INT8_PROBE_SCORE_TOLERANCE, keep_compiled=False)
 
-        export = find_export(root, int8_key, MODEL_FILE)
-        if export is not None:
-            try:
-                return export, open_int8(export.model_file)
-            except ExportFailed as exc:
-                log.warning("the cached int8 graph %s fails its check (%s); quantizing again", export.folder, exc)
-                discard(export.folder)
+        cached = open_cached(root, int8_key, open_int8, MODEL_FILE)
+        if cached is not None:
+            return cached
         # Read after the float32 graph is compiled: the shared Core starts before NNCF's own.
         float32_export = float32_graph()[0]
         float32 = shared_core().read_model(str(float32_export.model_file))
