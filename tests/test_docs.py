@@ -8,13 +8,12 @@ in the fast suite, so a setting or an error added without its docs fails here to
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import re
 from pathlib import Path
-from types import ModuleType
 
 from maskserve.settings import GROUPS, Settings, env_names, flag_names
 
+from .docs_hooks import hooks
 from .test_layers import contract_layers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,17 +21,6 @@ DOCS = ROOT / "docs"
 HEADERS = ("X-Request-Id", "X-Queue-Time-Ms", "X-Inference-Time-Ms", "X-Batch-Size", "X-Request-Timeout", "Retry-After")
 # A Markdown link to a file of the repository: [text](path) or [text](path#anchor), not a URL.
 LINK = re.compile(r"\]\((?!https?://|mailto:|#)([^)\s#]+)(?:#([^)\s]+))?\)")
-
-
-def load_hooks() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("docs_hooks", DOCS / "hooks.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-hooks = load_hooks()
 
 
 def pages() -> list[Path]:

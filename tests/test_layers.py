@@ -13,24 +13,11 @@ import configparser
 import re
 from pathlib import Path
 
-import maskserve
+from .docs_hooks import hooks
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "maskserve"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
-
-
-def docstring_layers() -> list[tuple[str, str]]:
-    """(modules, job) per layer, top first, from the package docstring's table."""
-    lines = (maskserve.__doc__ or "").splitlines()
-    start = next(i for i, line in enumerate(lines) if re.fullmatch(r"\s+layer\s+job", line))
-    rows: list[tuple[str, str]] = []
-    for line in lines[start + 1 :]:
-        if not line.strip():
-            break
-        modules, job = re.split(r"\s{2,}", line.strip(), maxsplit=1)
-        rows.append((modules, job))
-    return rows
 
 
 def contract_layers() -> list[str]:
@@ -55,7 +42,7 @@ def package_modules() -> set[str]:
 
 
 def test_the_enforced_contract_is_the_documented_table() -> None:
-    assert [modules for modules, _ in docstring_layers()] == contract_layers()
+    assert [modules for modules, _ in hooks.docstring_layers()] == contract_layers()
 
 
 def test_every_module_of_the_package_sits_in_exactly_one_layer() -> None:
