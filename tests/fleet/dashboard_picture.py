@@ -24,7 +24,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import FuncFormatter, MaxNLocator, MultipleLocator
 
-from ..deploy.queries import DASHBOARD, dashboard, grafana_expr
+from ..deploy.queries import DASHBOARD, dashboard, grafana_expr, panels
 from .prometheus import Prometheus
 
 COLUMNS = 24  # Grafana's grid
@@ -110,50 +110,37 @@ class PanelData:
     series: tuple[Series, ...]
 
 
-def layout(board: dict[str, Any] | None = None) -> tuple[list[Row], list[Panel]]:
+def layout() -> tuple[list[Row], list[Panel]]:
     """The rows and panels of the dashboard, where Grafana puts them. A collapsed row's panels are
-    drawn as if it were open: the picture is of everything the dashboard holds."""
-    board = dashboard() if board is None else board
-    rows: list[Row] = []
-    found: list[Panel] = []
-    row = ""
+    drawn as if it were open (queries.panels): the picture is of everything the dashboard holds."""
+    rows = [Row(raw["title"], raw["gridPos"]["y"]) for raw in dashboard()["panels"] if raw["type"] == "row"]
+    return rows, [_panel(row, raw) for row, raw in panels()]
 
-    def add(raw: dict[str, Any]) -> None:
-        if raw["type"] != "timeseries":
-            raise ValueError(f"{DASHBOARD.name}: {raw['title']!r} is a {raw['type']} panel; only timeseries are drawn")
-        defaults = raw.get("fieldConfig", {}).get("defaults", {})
-        custom = defaults.get("custom", {})
-        style = custom.get("thresholdsStyle", {}).get("mode", "off")
-        steps = defaults.get("thresholds", {}).get("steps", []) if style != "off" else []
-        grid = raw["gridPos"]
-        found.append(
-            Panel(
-                row=row,
-                title=raw["title"],
-                x=grid["x"],
-                y=grid["y"],
-                w=grid["w"],
-                h=grid["h"],
-                unit=defaults.get("unit", "none"),
-                targets=tuple(Target(t["expr"], t.get("legendFormat", "")) for t in raw["targets"]),
-                fill_opacity=custom.get("fillOpacity", 0) / 100,
-                line_width=custom.get("lineWidth", 1),
-                y_min=defaults.get("min"),
-                y_max=defaults.get("max"),
-                # The base step (value null) is the colour below the first threshold, not a line.
-                thresholds=tuple((s["value"], s["color"]) for s in steps if s["value"] is not None),
-            )
-        )
 
-    for raw in board["panels"]:
-        if raw["type"] == "row":
-            row = raw["title"]
-            rows.append(Row(row, raw["gridPos"]["y"]))
-            for inner in raw.get("panels", []):
-                add(inner)
-        else:
-            add(raw)
-    return rows, found
+def _panel(row: str, raw: dict[str, Any]) -> Panel:
+    if raw["type"] != "timeseries":
+        raise ValueError(f"{DASHBOARD.name}: {raw['title']!r} is a {raw['type']} panel; only timeseries are drawn")
+    defaults = raw.get("fieldConfig", {}).get("defaults", {})
+    custom = defaults.get("custom", {})
+    style = custom.get("thresholdsStyle", {}).get("mode", "off")
+    steps = defaults.get("thresholds", {}).get("steps", []) if style != "off" else []
+    grid = raw["gridPos"]
+    return Panel(
+        row=row,
+        title=raw["title"],
+        x=grid["x"],
+        y=grid["y"],
+        w=grid["w"],
+        h=grid["h"],
+        unit=defaults.get("unit", "none"),
+        targets=tuple(Target(t["expr"], t.get("legendFormat", "")) for t in raw["targets"]),
+        fill_opacity=custom.get("fillOpacity", 0) / 100,
+        line_width=custom.get("lineWidth", 1),
+        y_min=defaults.get("min"),
+        y_max=defaults.get("max"),
+        # The base step (value null) is the colour below the first threshold, not a line.
+        thresholds=tuple((s["value"], s["color"]) for s in steps if s["value"] is not None),
+    )
 
 
 def legend(template: str, labels: dict[str, str]) -> str:
