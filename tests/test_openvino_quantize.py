@@ -32,8 +32,6 @@ pytestmark = [
 ]
 
 if HAS_OPENVINO and HAS_NNCF:
-    import openvino
-
     from maskserve.engine import openvino as ov_engine
     from maskserve.engine import openvino_quantize
     from maskserve.engine.openvino import OpenVinoFillMaskEngine, load_openvino_engine
@@ -49,9 +47,13 @@ def load_int8(model: str | None, cache: Path, **options: Any) -> OpenVinoFillMas
     return load_openvino_engine(model, cache_dir=cache, threads=1, quantize="int8", **options)
 
 
-def quantized_ops(engine: OpenVinoFillMaskEngine) -> tuple[set[str], set[str]]:
-    """The MatMuls of the served graph whose activations are quantized, and those that are not."""
-    model = openvino.Core().read_model(str(engine.export.model_file))
+def served_graph(engine: OpenVinoFillMaskEngine) -> Any:
+    """The graph the engine serves, read by the process's one Core (see openvino.shared_core)."""
+    return ov_engine.shared_core().read_model(str(engine.export.model_file))
+
+
+def quantized_ops(model: Any) -> tuple[set[str], set[str]]:
+    """The MatMuls of ``model`` whose activations are quantized, and those that are not."""
     quantized, plain = set(), set()
     for op in model.get_ordered_ops():
         if op.get_type_name() != "MatMul":
@@ -67,8 +69,9 @@ def int8_default(tmp_path_factory: pytest.TempPathFactory) -> OpenVinoFillMaskEn
 
 
 def test_the_encoder_is_int8_and_the_head_float32(int8_default: OpenVinoFillMaskEngine) -> None:
-    quantized, plain = quantized_ops(int8_default)
-    head = set(openvino_quantize.head_matmuls(openvino.Core().read_model(str(int8_default.export.model_file))))
+    model = served_graph(int8_default)
+    quantized, plain = quantized_ops(model)
+    head = set(openvino_quantize.head_matmuls(model))
     assert head and head <= plain
     # Every layer's projections and feed-forward products are int8: 2 layers, 6 with weights each.
     assert len([name for name in quantized if "encoder.layer" in name]) >= 12
@@ -80,7 +83,7 @@ def test_the_head_is_found_by_data_flow_on_each_architecture(
     build: str, bert_dir: Path, roberta_dir: Path, tmp_path: Path
 ) -> None:
     engine = load_openvino_engine(str(bert_dir if build == "bert" else roberta_dir), cache_dir=tmp_path, threads=1)
-    head = openvino_quantize.head_matmuls(openvino.Core().read_model(str(engine.export.model_file)))
+    head = openvino_quantize.head_matmuls(served_graph(engine))
     # The head's transform and its decoder over the vocabulary; nothing of the encoder.
     assert len(head) == 2, head
     assert all(("cls.predictions" in name or "lm_head" in name) and "encoder" not in name for name in head)
