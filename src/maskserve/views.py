@@ -9,7 +9,7 @@ from aiohttp import web
 
 from .batcher import Answer
 from .errors import ResponseTooLarge
-from .handling import answer, timing_headers
+from .handling import answer, request_media_type, timing_headers
 from .keys import service_of, state_of
 from .metrics import merge_expositions
 from .schemas import FillMaskRequest, response_body
@@ -33,7 +33,7 @@ async def fill_mask(request: web.Request) -> web.Response:
     service = service_of(request.app)
     with state_of(request).trace.step("maskserve.parse"):
         body = await request.read()
-        parsed = service.parser.parse(body, request.content_type)
+        parsed = service.parser.parse(body, request_media_type(request))
         queries = await service.queries(parsed)
     answers = await answer(request, queries)
     return json_answer(service.settings.max_response_bytes, parsed, answers)
