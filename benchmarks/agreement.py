@@ -30,7 +30,7 @@ import torch
 import transformers
 
 from maskserve.engine import FillMaskEngine, load_engine
-from maskserve.engine.cpu import cpu_flags, describe_features, precision_in_effect
+from maskserve.engine.cpu import cpu_flags, describe_features, int8_in_effect, isa_cap_in_effect, precision_in_effect
 from maskserve.model_api import Query
 from maskserve.settings import available_cpus
 
@@ -133,9 +133,11 @@ def measure_agreement(engine: FillMaskEngine, texts: Sequence[str], reference: S
 def cpu_line() -> str:
     flags = cpu_flags()
     simd = sorted(f for f in flags if f.startswith(("avx512", "amx", "avx_vnni")))
+    cap = isa_cap_in_effect()
     return (
-        f"CPU matrix features: {describe_features()}; bfloat16 here: {precision_in_effect('bfloat16', 'cpu')}. "
-        f"AVX-512/AMX flags: {', '.join(simd) or 'none'}"
+        f"CPU matrix features: {describe_features()}; bfloat16 here: {precision_in_effect('bfloat16', 'cpu')}; "
+        f"{int8_in_effect()}. AVX-512/AMX flags: {', '.join(simd) or 'none'}"
+        + (f". Kernels held to `ONEDNN_MAX_CPU_ISA={cap}` on a CPU with more" if cap else "")
     )
 
 

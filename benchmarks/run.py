@@ -40,7 +40,13 @@ from typing import Any
 import torch
 import transformers
 
-from maskserve.engine.cpu import describe_features, int8_in_effect, matrix_features, precision_in_effect
+from maskserve.engine.cpu import (
+    describe_features,
+    int8_in_effect,
+    isa_cap_in_effect,
+    matrix_features,
+    precision_in_effect,
+)
 from maskserve.settings import available_cpus
 
 from . import offline
@@ -549,7 +555,13 @@ def render(runs: Sequence[ModelRun], concurrencies: Sequence[int], command: str,
         f"- date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC",
         f"- machine: {cpu_model()}, nproc {available_cpus()} (os.cpu_count {os.cpu_count()}), "
         f"Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}",
-        f"- CPU matrix features: {describe_features()} (bfloat16 here: {precision_in_effect('bfloat16', 'cpu')})",
+        f"- CPU matrix features: {describe_features()} (bfloat16 here: {precision_in_effect('bfloat16', 'cpu')}; "
+        f"{int8_in_effect()})"
+        + (
+            f"; every process's kernels held to `ONEDNN_MAX_CPU_ISA={isa_cap_in_effect()}` on a CPU with more"
+            if isa_cap_in_effect()
+            else ""
+        ),
         f"- torch threads: the offline pipeline gets the best of {offline_thread_counts()} (no client competes "
         f"with it); the seed design keeps torch's default ({available_cpus()}); maskserve its own default "
         f"(up to {available_cpus()}, one for a narrow model's small batches); maskserve onnxruntime "

@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestClient
 
 from maskserve.app import create_app
 from maskserve.engine import FillMaskEngine, load_engine
+from maskserve.engine.cpu import describe_features, int8_in_effect, isa_cap_in_effect, precision_in_effect
 from maskserve.model_api import FillMaskModel
 from maskserve.settings import Settings
 
@@ -31,6 +32,15 @@ NO_OPENVINO = "openvino is not installed: pip install 'maskserve[openvino]'"
 BACKENDS = ("torch", "onnxruntime", "openvino")
 # The fixture name prefix of each backend's session engines (bert_engine, onnx_bert_engine, ...).
 ENGINE_PREFIX = {"torch": "", "onnxruntime": "onnx_", "openvino": "ov_"}
+
+
+def pytest_report_header() -> list[str]:
+    """The CPU class every run is on, first: a test that holds on one class may not on the next."""
+    cap = isa_cap_in_effect()
+    return [
+        f"CPU matrix features: {describe_features()}" + (f" (kernels held to ONEDNN_MAX_CPU_ISA={cap})" if cap else ""),
+        f"bfloat16 here: {precision_in_effect('bfloat16', 'cpu')}; {int8_in_effect()}",
+    ]
 
 
 @pytest.fixture(scope="session")

@@ -5,8 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from maskserve.engine.cpu import (
+    capped,
     describe_features,
+    int8_fast,
     int8_in_effect,
+    int8_kernels,
+    isa_cap,
     matrix_features,
     native_bf16,
     precision_in_effect,
@@ -56,4 +60,20 @@ def test_int8_says_which_units_run_it() -> None:
     assert int8_in_effect(SAPPHIRE_RAPIDS) == "int8 on AMX"
     assert int8_in_effect(ZEN4) == "int8 on AVX-512 VNNI"
     assert int8_in_effect({"avx2", "avx_vnni"}) == "int8 on AVX-VNNI"
-    assert "without VNNI or AMX" in int8_in_effect(SKYLAKE)
+    assert int8_in_effect(SKYLAKE).startswith("int8 on AVX2 with the overflow fix")
+    # Without VNNI or AMX it says that int8 is the wrong choice, and what to run instead.
+    assert "slower than float32" in int8_in_effect(SKYLAKE) and "--quantize none" in int8_in_effect(SKYLAKE)
+    assert [int8_kernels(f) for f in (SAPPHIRE_RAPIDS, ZEN4, SKYLAKE)] == ["AMX", "AVX-512 VNNI", "AVX2"]
+    assert int8_fast(ZEN4) and not int8_fast(SKYLAKE)
+
+
+def test_onednn_isa_cap_hides_what_the_kernels_may_not_use() -> None:
+    assert capped(SAPPHIRE_RAPIDS, "AVX2") == {"avx2", "avx512f"}
+    assert capped(SAPPHIRE_RAPIDS, "avx512_core_vnni") == {"avx2", "avx512f", "avx512_vnni"}
+    assert matrix_features(capped(SAPPHIRE_RAPIDS, "AVX512_CORE_BF16")) == ("avx512_bf16", "avx512_vnni")
+    assert capped(ZEN4, "AVX2_VNNI") == {"avx2", "avx512f"}  # it cannot add what the CPU lacks
+    # No cap, a cap at or above AMX, or a value oneDNN ignores: every feature stays.
+    for cap in (None, "", "AVX512_CORE_AMX", "AVX10_2_512_AMX_2", "NOT_AN_ISA"):
+        assert isa_cap(cap) is None and capped(SAPPHIRE_RAPIDS, cap) == SAPPHIRE_RAPIDS
+    assert int8_kernels(capped(SAPPHIRE_RAPIDS, "AVX2")) == "AVX2"
+    assert not native_bf16(capped(SAPPHIRE_RAPIDS, "AVX512_CORE_VNNI"))

@@ -170,13 +170,25 @@ def test_bfloat16_compiles_the_same_graph_and_says_what_runs_it(ov_bert_engine: 
     assert engine.describe()["precision"] in ("bfloat16 on AMX", "bfloat16 on AVX-512 BF16")
 
 
+@pytest.mark.skipif(not native_bf16(), reason=NO_NATIVE_BF16)
 def test_bfloat16_that_openvino_would_not_run_is_refused(
     bert_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ov_engine, "precision_of", lambda compiled: "f32")  # as on a CPU without bf16
+    # A CPU whose flags promise bfloat16 but whose plugin settles on float32 all the same.
+    monkeypatch.setattr(ov_engine, "precision_of", lambda compiled: "f32")
     with pytest.raises(BackendUnavailable, match="needs AMX or AVX-512 BF16") as caught:
         load_openvino_engine(str(bert_dir), cache_dir=tmp_path, dtype="bfloat16")
     assert "--backend torch" in str(caught.value)
+
+
+def test_bfloat16_on_a_cpu_without_it_is_refused_before_loading(
+    bert_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # This CPU's own case where it has neither AMX nor AVX-512 BF16; forced where it has them.
+    monkeypatch.setattr(ov_engine, "native_bf16", lambda: False)
+    monkeypatch.setattr(ov_engine, "load_pretrained", lambda *a, **k: pytest.fail("loaded the model"))
+    with pytest.raises(BackendUnavailable, match=r"needs AMX or AVX-512 BF16.*--backend torch"):
+        load_openvino_engine(str(bert_dir), cache_dir=tmp_path, dtype="bfloat16")
 
 
 def test_the_plugins_per_shape_cache_is_bounded(

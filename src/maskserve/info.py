@@ -38,6 +38,10 @@ def model_section(model: FillMaskModel | None, name: str) -> Section | None:
         # and the CPU's matrix units: what to read before choosing --dtype and --backend.
         "precision": description.get("precision"),
         "cpu_matrix_features": description.get("cpu_matrix_features"),
+        # With --quantize int8 on openvino: what multiplies int8 here (AMX, VNNI, or AVX2 with the
+        # overflow fix) and the recipe the graph was quantized by for it.
+        "int8_kernels": description.get("int8_kernels"),
+        "int8_recipe": description.get("int8_recipe"),
         "torch_threads": description.get("torch_threads"),
         "mask_only_head": description.get("mask_only_head"),
         # The onnxruntime and openvino backends' own (null on torch): threads, and the graph run.

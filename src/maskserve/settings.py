@@ -4,7 +4,8 @@ Each field is a CLI flag (``--max-batch-size``) with a ``MASKSERVE_*`` environme
 (``MASKSERVE_MAX_BATCH_SIZE``); a field that mirrors a standard variable falls back to it last
 (``--traces-exporter``: ``MASKSERVE_TRACES_EXPORTER``, then OpenTelemetry's
 ``OTEL_TRACES_EXPORTER``). No other module reads the environment (the OpenTelemetry SDK reads its
-own ``OTEL_*`` variables, such as the endpoint and the service name).
+own ``OTEL_*`` variables, such as the endpoint and the service name; ``engine/cpu.py`` reads
+oneDNN's ``ONEDNN_MAX_CPU_ISA``, only to report the kernels that torch and OpenVINO will run).
 """
 
 from __future__ import annotations

@@ -32,10 +32,10 @@ from .base import (
     encoder_flops_per_token,
     load_pretrained,
 )
-from .cpu import describe_features, int8_in_effect, precision_in_effect
+from .cpu import describe_features, int8_fast, int8_in_effect, int8_kernels, native_bf16, precision_in_effect
 from .onnx_export import INPUTS, CachedExport, ExportFailed, export_to_cache, one_line, open_cached
 from .openvino_export import COMPILED_DIR, MODEL_FILE, convert_graph, export_key
-from .openvino_quantize import quantize_graph, quantized_key
+from .openvino_quantize import Int8Recipe, quantize_graph, quantized_key, recipe_for
 from .probe import Probe
 
 log = logging.getLogger(__name__)
@@ -182,8 +182,24 @@ class OpenVinoFillMaskEngine(FillMaskEngine):
             "openvino_version": openvino.__version__,
             "export_cache_key": self.export.key,
             "export_path": str(self.export.model_file),
-            **({"precision": int8_in_effect()} if self.quantize == "int8" else {}),
+            **(
+                {
+                    "precision": int8_in_effect(),
+                    "int8_kernels": int8_kernels() if int8_fast() else "AVX2, with the overflow fix",
+                    "int8_recipe": str(self.export.meta["parts"]["recipe"]["name"]),
+                }
+                if self.quantize == "int8"
+                else {}
+            ),
         }
+
+
+def _not_on_this_cpu(got: str, precision: str) -> BackendUnavailable:
+    return BackendUnavailable(
+        f"OpenVINO runs this graph in {got}, not {precision}, on this CPU (matrix features: "
+        f"{describe_features()}); bfloat16 needs AMX or AVX-512 BF16, else use --dtype float32 "
+        "or --backend torch (which emulates bfloat16, slower than float32)"
+    )
 
 
 def _precision_for(dtype: str) -> str:
@@ -203,8 +219,11 @@ def load_openvino_engine(
     dtype: str = "auto",
     threads: int = 1,
     quantize: str = "none",
+    int8_recipe: Int8Recipe | None = None,
 ) -> OpenVinoFillMaskEngine:
     """Load ``model``, reuse or make its graph under ``cache_dir``/openvino, compile, check, serve.
+
+    ``int8_recipe`` overrides the recipe chosen for this CPU (tests and benchmarks compare them).
 
     Raises :class:`ModelLoadError` for a model no backend can serve (exit 1), and
     :class:`BackendUnavailable` (exit 2) when this backend cannot serve it as asked.
@@ -213,6 +232,10 @@ def load_openvino_engine(
     if device == "cuda":
         raise BackendUnavailable("--backend openvino runs on the CPU only; use --backend torch for --device cuda")
     precision = _precision_for(dtype)
+    if precision == "bf16" and not native_bf16():
+        # Refused before anything is loaded: without AMX or AVX-512 BF16 the CPU plugin either
+        # fails to compile a bfloat16 graph, with a message that names neither, or runs float32.
+        raise _not_on_this_cpu("f32", precision)
     if quantize == "int8":
         if precision != "f32":
             raise BackendUnavailable(
@@ -233,6 +256,9 @@ def load_openvino_engine(
         root,
         describe_features(),
     )
+    if quantize == "int8" and not int8_fast():
+        # Served all the same: the operator asked for it, and it still answers closely.
+        log.warning("--quantize int8 on a CPU without VNNI or AMX: %s", int8_in_effect())
     loaded = load_pretrained(model, device=torch.device("cpu"), dtype=torch.float32)
     flops_per_token = encoder_flops_per_token(loaded.model)
     key, parts = export_key(loaded.model)
@@ -244,11 +270,7 @@ def load_openvino_engine(
         compiled = compile_graph(model_file, precision, threads, keep_compiled=keep_compiled)
         got = precision_of(compiled)
         if got != precision:
-            raise BackendUnavailable(
-                f"OpenVINO runs this graph in {got}, not {precision}, on this CPU (matrix features: "
-                f"{describe_features()}); bfloat16 needs AMX or AVX-512 BF16, else use --dtype float32 "
-                "or --backend torch (which emulates bfloat16, slower than float32)"
-            )
+            raise _not_on_this_cpu(got, precision)
         request = compiled.create_infer_request()
         probe.check(lambda *inputs: run_graph(request, *inputs), tolerance)
         return compiled
@@ -265,7 +287,8 @@ def load_openvino_engine(
         return made
 
     def int8_graph() -> tuple[CachedExport, Any]:
-        int8_key, int8_parts = quantized_key(parts)
+        recipe = int8_recipe or recipe_for()
+        int8_key, int8_parts = quantized_key(parts, recipe)
 
         def open_int8(model_file: Path) -> Any:
             # Compiled from the graph at every start (a second or two), never restored from
@@ -282,7 +305,7 @@ def load_openvino_engine(
         log.info("quantizing %s to int8 with NNCF (once per model and versions; cache key %s)", loaded.name, int8_key)
 
         def build(_model: Any, folder: Path) -> dict[str, Any]:
-            done = quantize_graph(float32, folder, loaded.tokenizer)
+            done = quantize_graph(float32, folder, loaded.tokenizer, recipe)
             return {**done, "mask_only_head": float32_export.meta.get("mask_only_head")}
 
         made = export_to_cache(

@@ -14,8 +14,15 @@ The calibration texts are built in (below): varied English sentences of a few to
 tokens, each with the model's own mask token, padded into batches as maskserve forms them. A
 model of another language still gets every activation's range from them, less tightly.
 
-The quantized graph is a cache entry of its own, keyed on the float32 graph's key, NNCF's version
-and the calibration texts, with the float32 entry's guarantees (``onnx_export.export_to_cache``).
+The recipe depends on the CPU that serves (:func:`recipe_for`). Without VNNI or AMX, a CPU
+multiplies int8 through 16-bit partial sums that saturate: NNCF's overflow fix stores the weights in
+7 bits so that they cannot, and there the products that write into the residual stream stay in
+float32 as well. ``benchmarks/int8_recipe.py`` measures what each part of the recipe gains, on
+each class of CPU.
+
+The quantized graph is a cache entry of its own, keyed on the float32 graph's key, NNCF's version,
+the recipe and the calibration texts, with the float32 entry's guarantees
+(``onnx_export.export_to_cache``).
 """
 
 from __future__ import annotations
@@ -25,18 +32,20 @@ import hashlib
 import io
 import logging
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .base import pad_batch
+from .cpu import int8_fast
 from .onnx_export import INPUTS, key_of
 from .openvino_export import MODEL_FILE
 
 log = logging.getLogger(__name__)
 # Bump when the quantization's recipe (its options, the ignored head, the batching) changes.
-QUANTIZE_FORMAT = 1
+QUANTIZE_FORMAT = 2
 # Calibration batches hold this many texts: several lengths padded together, as in serving.
 CALIBRATION_BATCH = 4
 
@@ -100,6 +109,40 @@ CALIBRATION_TEXTS = (
 )
 
 
+@dataclass(frozen=True)
+class Int8Recipe:
+    """How the float32 graph is quantized: chosen by the int8 kernels of the CPU that serves."""
+
+    name: str
+    # Weights in 7 bits in every layer (NNCF's overflow fix; its default fixes the first layer
+    # only), so that AVX2's 16-bit partial sums cannot saturate. VNNI and AMX sum in 32 bits and
+    # never saturate: the fix is kept there too, because it costs them no speed and no agreement
+    # (benchmarks/int8_recipe.py), and one graph per model is simpler than two.
+    overflow_fix: bool
+    # SmoothQuant's migration strength for matrix products: how much of the activations' outliers
+    # move into the weights. Below NNCF's transformer default, so that 7-bit weights are not the
+    # ones left with the outliers. None: NNCF's default.
+    smooth_quant_alpha: float | None
+    # The attention-output and feed-forward-output products, which write into the residual
+    # stream, kept in float32: the residual sums carry the widest outliers, and without VNNI an
+    # int8 product gains no speed over float32 to pay for the lost agreement.
+    residual_products_in_float32: bool
+    # NNCF's full bias correction instead of its fast one: slower to quantize, and measured to gain
+    # nothing here, so off; kept as a field so that the benchmark measures it the same way.
+    full_bias_correction: bool = False
+
+
+# With VNNI or AMX: int8 everywhere but the head, at full speed.
+VNNI_RECIPE = Int8Recipe("vnni", overflow_fix=True, smooth_quant_alpha=0.8, residual_products_in_float32=False)
+# Without them: agreement first, since int8 cannot be fast there anyway.
+AVX2_RECIPE = Int8Recipe("avx2", overflow_fix=True, smooth_quant_alpha=0.8, residual_products_in_float32=True)
+
+
+def recipe_for(flags: frozenset[str] | None = None) -> Int8Recipe:
+    """The recipe for this CPU (or one with ``flags``)."""
+    return VNNI_RECIPE if int8_fast(flags) else AVX2_RECIPE
+
+
 def calibration_texts(mask_token: str) -> list[str]:
     return [text.format(m=mask_token) for text in CALIBRATION_TEXTS]
 
@@ -108,7 +151,7 @@ def calibration_digest() -> str:
     return hashlib.sha256("\n".join(CALIBRATION_TEXTS).encode()).hexdigest()[:16]
 
 
-def quantized_key(float32_parts: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def quantized_key(float32_parts: dict[str, Any], recipe: Int8Recipe) -> tuple[str, dict[str, Any]]:
     """The cache key of the int8 graph made from the float32 graph of ``float32_parts``."""
     import nncf
 
@@ -118,6 +161,7 @@ def quantized_key(float32_parts: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         "quantize_format": QUANTIZE_FORMAT,
         "nncf": nncf.__version__,
         "calibration": calibration_digest(),
+        "recipe": asdict(recipe),
     }
     return key_of(parts), parts
 
@@ -156,17 +200,79 @@ def head_matmuls(model: Any) -> list[str]:
     return found
 
 
-def quantize_graph(model: Any, folder: Path, tokenizer: Any) -> dict[str, Any]:
-    """Quantize the float32 graph ``model`` (read, not compiled) to int8 and save it in ``folder``.
+def _consumers(node: Any) -> list[Any]:
+    return [target.get_node() for output in node.outputs() for target in output.get_target_inputs()]
+
+
+def _fixed_nodes(model: Any) -> set[str]:
+    """The nodes whose value the graph fixes (weights: constants, and what is computed from
+    constants only, as an int8 graph's dequantized weights are), not its inputs."""
+    fixed: set[str] = set()
+    for op in model.get_ordered_ops():  # topological order: producers before consumers
+        kind = op.get_type_name()
+        inputs = [value.get_node().get_friendly_name() for value in op.input_values()]
+        if kind == "Constant" or (kind != "Parameter" and inputs and all(name in fixed for name in inputs)):
+            fixed.add(op.get_friendly_name())
+    return fixed
+
+
+def residual_products(model: Any) -> list[str]:
+    """The weight products whose result, after its bias, is added to the residual stream: each
+    layer's attention-output and feed-forward-output projections.
+
+    Found by data flow (a product with a weight, an optional bias add, then an add of two computed
+    values), not by layer names, so that any architecture's are, in a float32 or an int8 graph.
+    """
+    fixed = _fixed_nodes(model)
+
+    def fixed_inputs(node: Any) -> int:
+        return sum(value.get_node().get_friendly_name() in fixed for value in node.input_values())
+
+    found = []
+    for op in model.get_ordered_ops():
+        if op.get_type_name() != "MatMul" or not fixed_inputs(op):
+            continue
+        biased = [node for node in _consumers(op) if node.get_type_name() == "Add" and fixed_inputs(node)]
+        if any(
+            node.get_type_name() == "Add" and not fixed_inputs(node)
+            for value in biased or [op]
+            for node in _consumers(value)
+        ):
+            found.append(op.get_friendly_name())
+    return found
+
+
+def float32_products(model: Any, recipe: Int8Recipe) -> list[str]:
+    """The products ``recipe`` keeps in float32: the head always, the residual ones if it says so."""
+    kept = head_matmuls(model)
+    if recipe.residual_products_in_float32:
+        kept += [name for name in residual_products(model) if name not in kept]
+    return kept
+
+
+def quantize_graph(model: Any, folder: Path, tokenizer: Any, recipe: Int8Recipe) -> dict[str, Any]:
+    """Quantize the float32 graph ``model`` (read, not compiled) to int8 by ``recipe`` and save it
+    in ``folder``.
 
     Returns what was done, for meta.json. NNCF runs the graph on an OpenVINO Core of its own,
     started and ended inside this call, after the process's shared one (see openvino.shared_core).
     """
     import nncf
     import openvino
+    from nncf.quantization.advanced_parameters import (
+        AdvancedQuantizationParameters,
+        AdvancedSmoothQuantParameters,
+        OverflowFix,
+    )
 
     started = time.perf_counter()
     head = head_matmuls(model)
+    kept = float32_products(model, recipe)
+    advanced = AdvancedQuantizationParameters(
+        overflow_fix=OverflowFix.ENABLE if recipe.overflow_fix else OverflowFix.FIRST_LAYER,
+    )
+    if recipe.smooth_quant_alpha is not None:
+        advanced.smooth_quant_alphas = AdvancedSmoothQuantParameters(matmul=recipe.smooth_quant_alpha)
     batches = calibration_batches(tokenizer)
     # NNCF logs and draws progress bars on stdout, in its own format: kept out of the server's
     # output (one record per line, on stderr). Its progress goes to this module's debug log; its
@@ -181,14 +287,18 @@ def quantize_graph(model: Any, folder: Path, tokenizer: Any) -> dict[str, Any]:
                 nncf.Dataset(batches),
                 model_type=nncf.ModelType.TRANSFORMER,
                 subset_size=len(batches),
-                ignored_scope=nncf.IgnoredScope(names=head),
+                ignored_scope=nncf.IgnoredScope(names=kept),
+                advanced_parameters=advanced,
+                fast_bias_correction=not recipe.full_bias_correction,
             )
     finally:
         nncf.set_log_level(nncf_level)
     log.debug("NNCF: %s", chatter.getvalue())
     openvino.save_model(quantized, str(folder / MODEL_FILE), compress_to_fp16=False)
     return {
+        "recipe": recipe.name,
         "float32_head_matmuls": len(head),
+        "float32_residual_matmuls": len(kept) - len(head),
         "calibration_batches": len(batches),
         "quantize_seconds": round(time.perf_counter() - started, 3),
     }

@@ -1,0 +1,184 @@
+"""What each part of the int8 recipe gains, on each class of CPU: agreement and speed.
+
+    python -m benchmarks.int8_recipe                        # every class this CPU can stand for
+    python -m benchmarks.int8_recipe --classes native,AVX2  # some of them
+
+A class is the CPU as oneDNN runs it: ``native``, or held below what the CPU offers by oneDNN's
+own ``ONEDNN_MAX_CPU_ISA`` (``AVX512_CORE_VNNI`` runs as a CPU with VNNI and no AMX, ``AVX2`` as one
+with neither). Each class runs in a process of its own, since oneDNN reads the cap once. A cap
+that changes nothing on this CPU (a class above it) is skipped.
+
+Per class and recipe: the top-1 agreement of ``--backend openvino --quantize int8`` with the float32
+pipeline on the default model (masked_sentences.py, as benchmarks/agreement.py measures it), and
+the speed of the same recipe on bert-base's shape against openvino float32 (batches of 32
+length-sorted sentences, alternating rounds in one process: a ratio within one run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from maskserve.engine.cpu import ISA_CAP_VARIABLE, capped, int8_kernels, read_flags
+from maskserve.settings import available_cpus
+
+from .run import cpu_model
+
+RESULTS = Path(__file__).resolve().parent / "results" / "int8-recipe.md"
+CLASSES = ("native", "AVX512_CORE_VNNI", "AVX2")
+ROUNDS = 5
+SPEED_SENTENCES = 64
+BATCH = 32
+
+
+def recipes() -> list[tuple[str, Any]]:
+    """The recipes compared, each one step from the last: NNCF's defaults, then each change."""
+    from maskserve.engine.openvino_quantize import AVX2_RECIPE, VNNI_RECIPE, Int8Recipe
+
+    defaults = Int8Recipe(
+        "nncf defaults", overflow_fix=False, smooth_quant_alpha=None, residual_products_in_float32=False
+    )
+    return [
+        ("NNCF's defaults (overflow fix on the first layer only)", defaults),
+        ("+ overflow fix in every layer", dataclasses.replace(defaults, overflow_fix=True)),
+        ("+ SmoothQuant alpha 0.8 (the `vnni` recipe)", VNNI_RECIPE),
+        ("+ full bias correction", dataclasses.replace(VNNI_RECIPE, full_bias_correction=True)),
+        ("+ residual products in float32 (the `avx2` recipe)", AVX2_RECIPE),
+    ]
+
+
+def measure_class() -> list[dict[str, Any]]:
+    """This process's class: every recipe's agreement and speed."""
+    from benchmarks import offline
+    from benchmarks.agreement import measure_agreement, pipeline_answers
+    from benchmarks.masked_sentences import masked_texts
+    from benchmarks.models import bert_base_model, default_model
+    from benchmarks.sentences import make_sentences
+    from maskserve.engine.openvino import load_openvino_engine
+    from maskserve.model_api import Query
+
+    threads = available_cpus()
+    default = default_model()
+    pipe: Any = offline.load_pipeline(str(default.path))
+    texts = masked_texts(pipe.tokenizer.mask_token)
+    reference = pipeline_answers(pipe, texts)
+    base = bert_base_model()
+    with tempfile.TemporaryDirectory() as scratch:
+        cache = Path(scratch)
+        float32 = load_openvino_engine(str(base.path), cache_dir=cache / "f32", threads=threads)
+        queries = sorted(
+            (Query(float32.encode(s), 5) for s in make_sentences(SPEED_SENTENCES, mask=float32.mask_token)),
+            key=lambda q: len(q.input_ids),
+        )
+        batches = [queries[i : i + BATCH] for i in range(0, len(queries), BATCH)]
+        engines: dict[str, Any] = {"float32": float32}
+        rows = []
+        for index, (label, recipe) in enumerate(recipes()):
+            small = load_openvino_engine(
+                str(default.path), cache_dir=cache / str(index), threads=threads, quantize="int8", int8_recipe=recipe
+            )
+            agreement = measure_agreement(small, texts, reference)
+            rows.append(
+                {
+                    "recipe": label,
+                    "top1": agreement.top1,
+                    "masks": agreement.masks,
+                    "top5": agreement.top5_overlap,
+                    "largest": agreement.largest_score_difference,
+                }
+            )
+            engines[label] = load_openvino_engine(
+                str(base.path), cache_dir=cache / str(index), threads=threads, quantize="int8", int8_recipe=recipe
+            )
+        seconds: dict[str, list[float]] = {name: [] for name in engines}
+        for _ in range(ROUNDS):
+            for name, engine in engines.items():
+                started = time.perf_counter()
+                for batch in batches:
+                    engine.predict(batch)
+                seconds[name].append(time.perf_counter() - started)
+    reference_seconds = statistics.median(seconds["float32"])
+    for row in rows:
+        row["speed"] = reference_seconds / statistics.median(seconds[row["recipe"]])
+    return rows
+
+
+def run_class(cap: str) -> list[dict[str, Any]]:
+    env = dict(os.environ)
+    env.pop(ISA_CAP_VARIABLE, None)
+    if cap != "native":
+        env[ISA_CAP_VARIABLE] = cap
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.int8_recipe", "--one-class"],
+        env=env,
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    rows: list[dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.int8_recipe", description=__doc__.splitlines()[0])
+    parser.add_argument("--classes", default=",".join(CLASSES), help=f"comma-separated, of {', '.join(CLASSES)}")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the Markdown report goes")
+    parser.add_argument("--one-class", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.one_class:
+        print(json.dumps(measure_class()))
+        return 0
+    flags = read_flags()
+    matrix = sorted(f for f in flags if f.startswith(("amx", "avx512_bf16", "avx512_vnni", "avx_vnni")))
+    seen: set[frozenset[str]] = set()
+    lines = [
+        "# int8 recipes per class of CPU: agreement and speed",
+        "",
+        f"- command: `python -m benchmarks.int8_recipe {' '.join(sys.argv[1:] if argv is None else argv)}`".rstrip("` ")
+        + "`",
+        f"- date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; {available_cpus()} threads",
+        f"- this CPU: {cpu_model()}; its matrix flags: {', '.join(matrix) or 'none'}",
+        f"- classes below this CPU are run with oneDNN's `{ISA_CAP_VARIABLE}` cap: the same kernels an "
+        "AVX2-only (or VNNI-without-AMX) CPU runs, on this CPU's cores and caches, not such a CPU itself",
+        "- agreement: `--backend openvino --quantize int8` on the default model against the float32 pipeline, "
+        "480 masks (masked_sentences.py); speed: the same recipe on bert-base's shape, batches of 32, "
+        f"against openvino float32 in the same class (median of {ROUNDS} alternating rounds)",
+        "",
+        "| class (`ONEDNN_MAX_CPU_ISA`) | int8 kernels | recipe | top-1 agreement | top-5 overlap "
+        "| largest score difference | speed vs float32 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    print("\n".join(lines), flush=True)
+    for cap in [c.strip() for c in args.classes.split(",") if c.strip()]:
+        effective = capped(flags, None if cap == "native" else cap)
+        if effective in seen:
+            print(f"skipped {cap}: this CPU runs it as a class already measured", flush=True)
+            continue
+        seen.add(effective)
+        for row in run_class(cap):
+            lines.append(
+                f"| {cap} | {int8_kernels(effective)} | {row['recipe']} | {row['top1']}/{row['masks']} "
+                f"({100 * row['top1'] / row['masks']:.1f}%) | {100 * row['top5']:.1f}% | {row['largest']:.2g} "
+                f"| {row['speed']:.2f}× |"
+            )
+            print(lines[-1], flush=True)
+    lines.append("")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines), encoding="utf-8")
+    print(f"written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
