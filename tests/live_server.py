@@ -31,7 +31,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from maskserve.serve import make_runner
+from maskserve.keys import service_of
+from maskserve.serve import GuardedTCPSite, make_runner
 
 # Start-up imports torch and transformers and warms the model up: seconds, more on 2 busy cores.
 READY_TIMEOUT_S = 120.0
@@ -204,7 +205,7 @@ def serve_in_thread(app: web.Application) -> Iterator[str]:
 
     async def start() -> None:
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
+        site = GuardedTCPSite(runner, "127.0.0.1", 0, service_of(app).connections)
         await site.start()
         port.append(runner.addresses[0][1])
 

@@ -21,7 +21,7 @@ import-linter contracts in setup.cfg (``tox -e style``) hold the code to this ta
     schemas : oip_schemas                                 request parsing and validation, response shapes
     traces : tracing                                      what handlers tell tracing; its OpenTelemetry side (extra)
     metrics                                               the Prometheus registry, fed by the batcher and a stage
-    admission                                             whether a request may come in: queue bound, predicted wait
+    admission | connections                               may a request come in | each connection's time limits
     batcher | engine                                      the queue and batch loop (asyncio) | the model (torch)
     settings | errors | model_api | packing | lifecycle   plain data: knobs, errors, model protocol, phase
 

@@ -20,6 +20,7 @@ from .health import ready
 from .keys import SERVICE_KEY
 from .middleware import chain
 from .middleware.chain import Spec, build_chain
+from .middleware.connections import connections_middleware
 from .model_api import FillMaskModel
 from .page import security_headers
 from .routes import setup_routes
@@ -176,7 +177,12 @@ def create_app(
     and their order are declared); a bad one raises ``MiddlewareError`` here, before any serving.
     """
     chain = build_chain(settings.middleware if middlewares is None else middlewares, settings)
-    app = web.Application(middlewares=list(chain.middlewares), client_max_size=settings.max_body_bytes)
+    # The connection stage comes before the chain and is not a stage of it: it belongs to the
+    # server's connections (their write timeout, and the head's timer, which needs to know when
+    # each request is served), so no specification may leave it out or move it.
+    app = web.Application(
+        middlewares=[connections_middleware, *chain.middlewares], client_max_size=settings.max_body_bytes
+    )
     app[SERVICE_KEY] = FillMaskService(settings, chain.names)
     # Stages that own resources for the app's life register them first, so that they are set up
     # before the model's lifecycle and torn down after it (see middleware/chain.py).

@@ -14,6 +14,7 @@ to the log only.
     │   ├── Unauthorized                401 unauthorized        (with WWW-Authenticate: Bearer)
     │   ├── NotFound                    404 not_found
     │   ├── MethodNotAllowed            405 method_not_allowed
+    │   ├── BodyTimeout                 408 body_timeout        (and the connection closed)
     │   ├── PayloadTooLarge             413 payload_too_large
     │   ├── UnsupportedMediaType        415 unsupported_media_type
     │   ├── InvalidInput                422 invalid_input       (well-formed but unusable)
@@ -26,7 +27,8 @@ to the log only.
     │   └── RateLimited                 429 rate_limited        (with Retry-After)
     ├── ServiceUnavailable              503 unavailable         (always with Retry-After)
     │   ├── Overloaded                  503 overloaded
-    │   └── ShuttingDown                503 shutting_down
+    │   ├── ShuttingDown                503 shutting_down
+    │   └── TooManyConnections          503 too_many_connections (before the request is read)
     ├── DeadlineExceeded                504 timeout
     ├── InferenceFailed                 500 inference_failed
     └── InternalError                   500 internal
@@ -194,6 +196,14 @@ class RequestTooCostly(InvalidInput):
     kind = "request_too_costly"
 
 
+class BodyTimeout(ClientError):
+    """The request's body did not arrive within ``--body-timeout`` of its headers; the connection
+    is closed after this answer."""
+
+    status = 408
+    kind = "body_timeout"
+
+
 class RateLimited(ClientError):
     """This client sent more than its share; retrying after ``Retry-After`` may succeed."""
 
@@ -233,6 +243,14 @@ class ShuttingDown(ServiceUnavailable):
 
     kind = "shutting_down"
     reason = "shutting_down"
+
+
+class TooManyConnections(ServiceUnavailable):
+    """``--max-connections`` client connections are open: a new one is answered this, without its
+    request being read, and closed."""
+
+    kind = "too_many_connections"
+    reason = "connection_limit"
 
 
 class DeadlineExceeded(MaskserveError):

@@ -5,24 +5,51 @@ of an error answered. Each rule lives here once, and every caller uses it.
 
 from __future__ import annotations
 
+import asyncio
 import email.errors
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
+from typing import TypeVar
 
 from aiohttp import web
+from aiohttp.web_request import FileField
+from multidict import MultiDictProxy
 
 from .batcher import Answer
 from .deadlines import request_deadline
-from .errors import InvalidHeader, MaskserveError
+from .errors import BodyTimeout, InvalidHeader, MaskserveError
 from .keys import service_of, state_of
 from .model_api import Query
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def admit_at_door(request: web.Request) -> None:
     """Admission before the body is read; the deadline is fixed here, so reading the body counts."""
     service_of(request.app).at_door(request_deadline(request))
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The request's body, if it arrives within ``--body-timeout`` of the headers (see :func:`_received`)."""
+    return await _received(request, request.read())
+
+
+async def read_form(request: web.Request) -> MultiDictProxy[str | bytes | FileField]:
+    """The request's form, if it arrives within ``--body-timeout`` of the headers."""
+    return await _received(request, request.post())
+
+
+async def _received(request: web.Request, reading: Awaitable[T]) -> T:
+    """``reading`` if done within ``--body-timeout``; else 408, and the connection closes after
+    that answer: a client this slow holds a socket, a task and a part of a body."""
+    seconds = service_of(request.app).settings.body_timeout
+    try:
+        async with asyncio.timeout(seconds):
+            return await reading
+    except TimeoutError:
+        state_of(request).close_after = "body_timeout"
+        raise BodyTimeout(f"the request's body did not arrive within {seconds:g}s of its headers") from None
 
 
 def request_media_type(request: web.Request) -> str:

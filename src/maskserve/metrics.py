@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 from . import __version__
 from .admission import Admission
 from .batcher import ONE_TEXT, Answer, Batcher, BatchReport
+from .connections import CLOSE_REASONS, ConnectionGuard
 from .model_api import describe_model
 
 # Seconds, from a cache-warm small model (about a millisecond) to the default deadline and past it.
@@ -111,6 +112,10 @@ class Metrics:
         # The process's own figures (start time, CPU, memory, open files), on this app's registry:
         # a restart shows as a new start time, not only as counters that fell back to zero.
         ProcessCollector(registry=registry)
+
+    def watch_connections(self, guard: ConnectionGuard) -> None:
+        """Export the client connections' figures, read from ``guard`` at scrape time."""
+        self.registry.register(_ConnectionState(guard))
 
     def attach(
         self,
@@ -225,6 +230,34 @@ class _ServingState(Collector):
             yield GaugeMetricFamily(
                 "maskserve_model_load_seconds", "Seconds the model took to load at start-up.", value=self.load_seconds
             )
+
+
+class _ConnectionState(Collector):
+    """The client connections, read from the connection guard when scraped."""
+
+    def __init__(self, guard: ConnectionGuard) -> None:
+        self.guard = guard
+
+    def collect(self) -> Iterator[Metric]:
+        guard = self.guard
+        yield GaugeMetricFamily(
+            "maskserve_open_connections", "Client connections open now (--max-connections).", value=len(guard.open)
+        )
+        yield GaugeMetricFamily(
+            "maskserve_unsent_bytes",
+            "Bytes of answers written but not yet taken by their clients (--max-unsent-bytes).",
+            value=guard.unsent_bytes(),
+        )
+        closed = CounterMetricFamily(
+            "maskserve_closed_connections",
+            "Connections the server closed, by reason: header_timeout, body_timeout, write_timeout, "
+            "unsent_bytes (the slowest readers, past --max-unsent-bytes), idle (keep-alive), "
+            "connection_limit (refused past --max-connections).",
+            labels=["reason"],
+        )
+        for reason in sorted(set(CLOSE_REASONS) | set(guard.closed)):
+            closed.add_metric([reason], guard.closed[reason])
+        yield closed
 
 
 class Peers(Protocol):

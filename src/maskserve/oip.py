@@ -22,7 +22,7 @@ from aiohttp import web
 
 from . import __version__
 from .errors import NotFound
-from .handling import answer, timing_headers
+from .handling import answer, read_body, timing_headers
 from .health import live, probe_response, ready
 from .keys import service_of, state_of
 from .model_api import describe_model
@@ -93,7 +93,7 @@ async def infer(request: web.Request) -> web.Response:
     name, version = _served_model(request)
     service = service_of(request.app)
     with state_of(request).trace.step("maskserve.parse"):
-        body = await request.read()
+        body = await read_body(request)
         parsed = service.oip_parser.parse(body, request.headers.get(HEADER_LENGTH))
         queries = await service.queries(parsed.request)
     answers = await answer(request, queries)

@@ -36,7 +36,7 @@ from .errors import (
     ShuttingDown,
     TextTooLong,
 )
-from .handling import admit_at_door, answer, note_error, timing_headers
+from .handling import admit_at_door, answer, note_error, read_form, timing_headers
 from .keys import service_of, state_of
 from .model_api import Prediction, describe_model
 from .schemas import FillMaskRequest
@@ -283,7 +283,7 @@ async def demo(request: web.Request) -> web.Response:
     # The form is read before the deadline and admission, unlike the API: a refusal must still
     # show the typed text in the box, and a form is at most --max-body-bytes.
     try:
-        form = await request.post()
+        form = await read_form(request)
     except ValueError:  # UnicodeDecodeError included: a form that is not UTF-8, a broken multipart
         raise InvalidBody("the form cannot be read: send it as UTF-8 application/x-www-form-urlencoded") from None
     text, top_k = form.get("text", ""), form.get("top_k", "")

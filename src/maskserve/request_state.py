@@ -32,3 +32,5 @@ class RequestState:
     trace_id: str | None = None
     # How each of its texts was served, for the queue-wait metric.
     answers: list[Answer] = field(default_factory=list)
+    # Why its connection must close once its answer is written (body_timeout), if it must.
+    close_after: str | None = None

@@ -9,6 +9,10 @@ would refuse requests still being routed to it. After the
 delay (or at a second signal) the listener closes, what was accepted is answered within
 ``--drain-timeout`` (``app.drain_on_shutdown``), idle connections are closed, and :func:`serve`
 returns: the process exits 0.
+
+Every listener's connections pass through the service's connection guard (``connections.py``):
+the header, body, write and keep-alive timeouts, and the cap on open connections, whose refusal
+this module renders (a whole 503 in the error shape, sent before the request is read).
 """
 
 from __future__ import annotations
@@ -23,8 +27,11 @@ from pathlib import Path
 
 from aiohttp import web
 
+from .connections import ConnectionGuard
+from .errors import TooManyConnections
 from .keys import service_of
 from .logs import AccessLogger
+from .middleware.errors import raw_error_response
 
 log = logging.getLogger("maskserve")
 
@@ -71,8 +78,48 @@ class StopSignals:
             self._timer.cancel()
 
 
+class GuardedTCPSite(web.TCPSite):
+    """A TCP listener whose every connection passes through the connection guard."""
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int, guard: ConnectionGuard) -> None:
+        super().__init__(runner, host, port)
+        self._guard = guard
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # registers the site with its runner, as TCPSite's own start does
+        server = self._runner.server
+        assert server is not None
+        self._server = await asyncio.get_running_loop().create_server(
+            self._guard.protocol_factory(server), self._host, self._port, backlog=self._backlog
+        )
+        self._bound_port = self._server.sockets[0].getsockname()[1]
+
+
+class GuardedSockSite(web.SockSite):
+    """A listener on a socket already bound (a process manager's), its connections guarded."""
+
+    def __init__(self, runner: web.AppRunner, sock: socket.socket, guard: ConnectionGuard) -> None:
+        super().__init__(runner, sock)
+        self._guard = guard
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        server = self._runner.server
+        assert server is not None
+        self._server = await asyncio.get_running_loop().create_server(
+            self._guard.protocol_factory(server), sock=self._sock, backlog=self._backlog
+        )
+
+
+def _connection_refusal() -> bytes:
+    return raw_error_response(
+        TooManyConnections("this server has as many client connections open as it allows; retry later")
+    )
+
+
 def make_runner(app: web.Application) -> web.AppRunner:
     settings = service_of(app).settings
+    service_of(app).connections.refusal = _connection_refusal
     return web.AppRunner(
         app,
         handle_signals=False,  # StopSignals handles them: aiohttp's own would stop listening at once
@@ -80,6 +127,10 @@ def make_runner(app: web.Application) -> web.AppRunner:
         handler_cancellation=True,
         # Handlers finish within the drain budget (see app.drain_on_shutdown); then a margin.
         shutdown_timeout=settings.drain_timeout + 1.0,
+        # The connection guard closes idle connections (and counts them); aiohttp's own idle
+        # timer, which would wait for the client to take what its socket still holds, comes later.
+        # On a listener without the guard (a test server's), aiohttp's timer is the one.
+        keepalive_timeout=settings.keepalive_timeout + settings.header_timeout + 1.0,
         access_log_class=AccessLogger,
         access_log=logging.getLogger("maskserve.access"),
     )
@@ -105,10 +156,11 @@ async def serve(
     gc.freeze()
     signals = StopSignals(app)
     try:
+        guard = service_of(app).connections
         sites: list[web.BaseSite] = (
-            [web.SockSite(runner, sock) for sock in sockets]
+            [GuardedSockSite(runner, sock, guard) for sock in sockets]
             if sockets
-            else [web.TCPSite(runner, settings.host, settings.port)]
+            else [GuardedTCPSite(runner, settings.host, settings.port, guard)]
         )
         if private_socket is not None:
             sites.append(web.UnixSite(runner, str(private_socket)))

@@ -294,6 +294,49 @@ class Settings:
         "Largest answer, in bytes, that a request may ask for; checked against an upper bound before "
         "the request is queued (422 response_too_large), so no work is spent on an answer too big to send.",
     )
+    header_timeout: float = _setting(
+        10.0,
+        _positive_float,
+        "Seconds a client has to send a request's headers: from its connection's opening for the first "
+        "request, from its first byte for a later one. Real clients send them in one packet; a client "
+        "that trickles them (slowloris) is cut here instead of holding a socket without end.",
+    )
+    body_timeout: float = _setting(
+        10.0,
+        _positive_float,
+        "Seconds a client has to send a request's body once its headers are in (408 past it, and the "
+        "connection closed). The default asks at least 100 KB/s of a --max-body-bytes body; raise it "
+        "for clients on slow uplinks.",
+    )
+    write_timeout: float = _setting(
+        60.0,
+        _positive_float,
+        "Seconds an answer may take to be written to its client. A client that does not read its answer "
+        "(or reads it too slowly) is cut here and the answer's memory freed. The default asks about "
+        "70 KB/s for the largest answer (--max-response-bytes).",
+    )
+    keepalive_timeout: float = _setting(
+        15.0,
+        _positive_float,
+        "Seconds an idle keep-alive connection stays open between requests. Longer saves clients a "
+        "reconnect; shorter frees sockets sooner. A proxy in front should close its idle connections "
+        "to this server sooner than this (the HAProxy example: 10 s).",
+    )
+    max_connections: int = _setting(
+        1000,
+        _positive_int,
+        "Most client connections open at once; past it a new connection is answered 503 with "
+        "Retry-After and closed, without reading its request. Each costs a socket (a file "
+        "descriptor: keep this under ulimit -n) and a little memory.",
+    )
+    max_unsent_bytes: int = _setting(
+        64 * 1_048_576,
+        _positive_int,
+        "Most bytes of answers written but not yet taken by their clients, across connections. Past "
+        "it, the connections whose answers have waited longest (the slowest readers) are closed to make "
+        "room: clients that do not read cannot make the server hold answers without bound, and normal "
+        "clients keep being answered.",
+    )
     drain_delay: float = _setting(
         0.0,
         _non_negative_float,
@@ -453,6 +496,14 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "max_response_bytes",
     ),
     "server": ("host", "port", "workers", "drain_delay", "drain_timeout", "middleware", "api_key", "cors_origins"),
+    "connections": (
+        "header_timeout",
+        "body_timeout",
+        "write_timeout",
+        "keepalive_timeout",
+        "max_connections",
+        "max_unsent_bytes",
+    ),
     "operations": ("stall_timeout", "agent_port", "log_level", "log_json", "traces_exporter"),
 }
 
@@ -509,6 +560,13 @@ def contradictions(settings: Settings) -> Iterator[tuple[str, str, str]]:
         yield "default_top_k", "max_predictions", "a request of one text and one mask would already ask for too many"
     if settings.max_batch_delay >= settings.request_timeout:
         yield "max_batch_delay", "request_timeout", "a request could time out waiting for others to batch with"
+    if settings.max_unsent_bytes < settings.max_response_bytes:
+        yield (
+            "max_unsent_bytes",
+            "max_response_bytes",
+            "an answer of the largest size would not fit under the bound even alone, so every reader of one "
+            "would be cut to make room for the next",
+        )
 
 
 # A check of the settings by a higher layer, handed down at start-up (the middleware chain is

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from .batcher import Answer
 from .errors import ResponseTooLarge
-from .handling import answer, request_media_type, timing_headers
+from .handling import answer, read_body, request_media_type, timing_headers
 from .keys import service_of, state_of
 from .metrics import merge_expositions
 from .schemas import FillMaskRequest, response_body
@@ -32,7 +32,7 @@ async def fill_mask(request: web.Request) -> web.Response:
     circuit-breaking stage has admitted it at the door; the service admits it again on its cost."""
     service = service_of(request.app)
     with state_of(request).trace.step("maskserve.parse"):
-        body = await request.read()
+        body = await read_body(request)
         parsed = service.parser.parse(body, request_media_type(request))
         queries = await service.queries(parsed)
     answers = await answer(request, queries)

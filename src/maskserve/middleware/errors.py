@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import os
 import re
 import secrets
+from http import HTTPStatus
 from pathlib import Path
 
 from aiohttp import web
@@ -54,6 +56,23 @@ def error_response(error: MaskserveError, request_id: str) -> web.Response:
     response = web.json_response(error_body(error, request_id), status=error.status, headers=error.headers())
     response.headers[REQUEST_ID_HEADER] = request_id
     return response
+
+
+def raw_error_response(error: MaskserveError) -> bytes:
+    """``error`` as a whole HTTP/1.1 response that closes its connection, for a connection refused
+    before any request is read (so before any of the app's machinery runs)."""
+    request_id = new_request_id()
+    body = json.dumps(error_body(error, request_id)).encode()
+    headers = {
+        "Content-Type": "application/json; charset=utf-8",
+        "Content-Length": str(len(body)),
+        "Connection": "close",
+        REQUEST_ID_HEADER: request_id,
+        **error.headers(),
+    }
+    head = f"HTTP/1.1 {error.status} {HTTPStatus(error.status).phrase}\r\n"
+    head += "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    return (head + "\r\n").encode("latin-1") + body
 
 
 def _from_http_exception(exc: web.HTTPException) -> MaskserveError:
