@@ -35,7 +35,7 @@ async def read_body(request: web.Request) -> bytes:
     return await _received(request, request.read())
 
 
-async def read_form(request: web.Request) -> MultiDictProxy[str | bytes | FileField]:
+async def read_form(request: web.Request) -> MultiDictProxy[str | bytes | bytearray | FileField]:
     """The request's form, if it arrives within ``--body-timeout`` of the headers."""
     return await _received(request, request.post())
 
