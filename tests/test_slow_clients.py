@@ -106,6 +106,7 @@ async def test_connections_that_trickle_their_headers_are_closed_at_the_header_t
     lifetimes = await asyncio.gather(*(trickle() for _ in range(200)))
     stop.set()
     statuses = await normal
+    print(f"figures: closed after {min(lifetimes):.2f}-{max(lifetimes):.2f} s; normal client {len(statuses)} requests")
     assert max(lifetimes) <= 10 + 1.5, sorted(lifetimes)[-5:]  # the header timeout, and a little
     assert min(lifetimes) >= 10 - 0.5
     assert statuses and set(statuses) == {200}
@@ -161,6 +162,7 @@ async def test_clients_that_never_read_a_large_answer_are_cut_and_the_memory_ret
         statuses = await normal
         for writer in clients:
             writer.close()
+    print(f"figures: RSS {started_rss:.0f} MB before, {rss:.0f} MB 150 s later; normal client {len(statuses)} x 200")
     assert answered == 60
     assert rss - started_rss <= 150, (started_rss, rss)
     assert statuses and set(statuses) == {200}
@@ -169,7 +171,7 @@ async def test_clients_that_never_read_a_large_answer_are_cut_and_the_memory_ret
     )
     assert cut - writes_cut_before >= 30  # the answers written more than the write timeout ago
     async with aiohttp.ClientSession() as session, session.get(default_server.url + "/metrics") as response:
-        assert metric(await response.text(), "maskserve_unsent_bytes") <= 64 * 1_048_576
+        assert metric(await response.text(), "maskserve_unsent_bytes") <= 32 * 1_048_576
 
 
 async def test_a_body_that_does_not_arrive_in_time_gets_408_and_the_connection_closes(
@@ -211,7 +213,7 @@ async def test_past_max_connections_a_new_connection_gets_503_and_the_others_are
         refusal = await asyncio.wait_for(reader.read(), 5)
         writer.close()
         head, _, payload = refusal.partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 503 ") and b"\r\nRetry-After: 1\r\n" in head
+        assert head.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 1" in head.split(b"\r\n")
         assert json.loads(payload)["error_type"] == "too_many_connections"
         # One of the twenty still gets its answer.
         held_reader, held_writer = held[0]

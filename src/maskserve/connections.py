@@ -26,6 +26,8 @@ and the buffered answer would stay in memory. Each close is counted by reason an
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import functools
 import logging
 import time
 from collections import Counter
@@ -36,6 +38,29 @@ log = logging.getLogger("maskserve.connections")
 
 # Why a connection was closed by the server; each is exported at 0 from the start.
 CLOSE_REASONS = ("header_timeout", "body_timeout", "write_timeout", "unsent_bytes", "idle", "connection_limit")
+# Closes that drop an answer of up to --max-response-bytes: the freed memory is handed back.
+DROPS_ANSWERS = ("write_timeout", "unsent_bytes")
+# Seconds after such a close before the memory is handed back: by then the answer's last
+# references (its response, the handler's task) are gone too; several closes share one trim.
+TRIM_DELAY_S = 1.0
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        return None
+    return trim
+
+
+def release_freed_memory() -> None:
+    """Hand the heap's free pages back to the system. An answer of megabytes dropped with its slow
+    reader goes back to the allocator, which keeps it for the process: without this, the resident
+    memory stays at the peak that slow readers pushed it to."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 @dataclass(frozen=True)
@@ -116,10 +141,6 @@ class Connection(asyncio.Protocol):
         self.guard.closed_for(reason, self)
         self.transport.abort()
 
-    def unsent_bytes(self) -> int:
-        transport = self.transport
-        return transport.get_write_buffer_size() if transport is not None and not transport.is_closing() else 0
-
     def _start(self, phase: str, seconds: float) -> None:
         self._cancel_timer()
         self._phase = phase
@@ -132,6 +153,12 @@ class Connection(asyncio.Protocol):
             self._timer = None
 
 
+@dataclass(frozen=True)
+class _Write:
+    started: float  # time.monotonic()
+    size: int  # the answer's bytes
+
+
 class ConnectionGuard:
     """Every open client connection, the answers being written, and what was closed and why."""
 
@@ -141,9 +168,14 @@ class ConnectionGuard:
         # whole HTTP response, made by the HTTP side (this module knows no HTTP).
         self.refusal = refusal
         self.open: dict[asyncio.BaseTransport, Connection] = {}
-        # Answers being written: the transport and when its write times out.
-        self._writes: dict[asyncio.Transport, float] = {}
+        # Answers being written, by transport.
+        self._writes: dict[asyncio.Transport, _Write] = {}
         self.closed: Counter[str] = Counter()
+        self._trim: asyncio.TimerHandle | None = None
+
+    def _trimmed(self) -> None:
+        self._trim = None
+        release_freed_memory()
 
     def protocol_factory(self, make_inner: Callable[[], asyncio.Protocol]) -> Callable[[], Connection]:
         """A factory for ``loop.create_server``: each connection guarded, in front of ``make_inner()``'s."""
@@ -182,6 +214,8 @@ class ConnectionGuard:
 
     def closed_for(self, reason: str, connection: Connection | None) -> None:
         self.closed[reason] += 1
+        if reason in DROPS_ANSWERS and self._trim is None:
+            self._trim = asyncio.get_running_loop().call_later(TRIM_DELAY_S, self._trimmed)
         peer = connection.transport.get_extra_info("peername") if connection and connection.transport else None
         # Once per connection, never per byte; an idle keep-alive ending is routine, so quieter.
         level = logging.DEBUG if reason == "idle" else logging.INFO
@@ -191,26 +225,24 @@ class ConnectionGuard:
     def writing(self, transport: asyncio.Transport, size: int) -> float:
         """An answer of ``size`` bytes starts to be written on ``transport``: room is made for it
         under ``max_unsent_bytes``; returns the seconds it has."""
-        self.make_room(size, keep=transport)
-        self._writes[transport] = time.monotonic()
+        self.make_room(size)
+        self._writes[transport] = _Write(time.monotonic(), size)
         return self.limits.write_timeout
 
     def written(self, transport: asyncio.Transport) -> None:
         self._writes.pop(transport, None)
 
-    def make_room(self, size: int, keep: asyncio.BaseTransport | None = None) -> None:
+    def make_room(self, size: int) -> None:
         """Close the connections whose answers have waited longest until ``size`` more bytes fit."""
         held = self.unsent_bytes()
-        for transport in sorted(self._writes, key=self._writes.__getitem__):  # oldest write first
+        for transport, write in sorted(self._writes.items(), key=lambda item: item[1].started):  # oldest first
             if held + size <= self.limits.max_unsent_bytes:
                 return
-            if transport is keep or transport.is_closing():
-                continue
-            held -= transport.get_write_buffer_size()
-            self.close(transport, "unsent_bytes")
+            if not transport.is_closing():
+                held -= write.size
+                self.close(transport, "unsent_bytes")
 
     def unsent_bytes(self) -> int:
-        """Bytes of answers handed to connections and not yet taken by their clients."""
-        held = sum(c.unsent_bytes() for c in self.open.values())
-        # Writes on connections this guard does not see (a test server's) count too.
-        return held + sum(t.get_write_buffer_size() for t in self._writes if t not in self.open and not t.is_closing())
+        """Bytes of the answers being written and not yet wholly taken by their clients: each is
+        held in memory whole until its write ends (and the socket's buffer holds a copy of the rest)."""
+        return sum(write.size for transport, write in self._writes.items() if not transport.is_closing())

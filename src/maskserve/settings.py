@@ -330,12 +330,13 @@ class Settings:
         "descriptor: keep this under ulimit -n) and a little memory.",
     )
     max_unsent_bytes: int = _setting(
-        64 * 1_048_576,
+        32 * 1_048_576,
         _positive_int,
-        "Most bytes of answers written but not yet taken by their clients, across connections. Past "
-        "it, the connections whose answers have waited longest (the slowest readers) are closed to make "
-        "room: clients that do not read cannot make the server hold answers without bound, and normal "
-        "clients keep being answered.",
+        "Most bytes of answers being written to clients that have not yet taken them, across "
+        "connections (each is held whole until written, and the socket's buffer copies the rest: "
+        "about twice this in memory). Past it, the connections whose answers have waited longest "
+        "(the slowest readers) are closed to make room: clients that do not read cannot make the "
+        "server hold answers without bound, and normal clients keep being answered.",
     )
     drain_delay: float = _setting(
         0.0,

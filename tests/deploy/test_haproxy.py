@@ -122,6 +122,16 @@ def test_haproxy_waits_for_maskserve_to_answer_its_own_deadline() -> None:
     assert found["check"] <= 2
 
 
+def test_haproxy_cuts_slow_clients_before_the_replicas_would() -> None:
+    # In front, HAProxy's own bounds on a client come first; the replicas' are the backstop.
+    found, settings = timeouts(), Settings()
+    assert found["http-request"] < settings.header_timeout
+    assert found["http-keep-alive"] < settings.keepalive_timeout
+    # A client that reads its answer slowly is cut by HAProxy's client timeout; the replica's write
+    # to HAProxy (which reads at once) never gets near its own write timeout.
+    assert found["client"] < settings.write_timeout
+
+
 def test_haproxy_s_own_503_has_maskserve_s_error_shape() -> None:
     # When every replica is out, clients must not be able to tell HAProxy's 503 from a replica's.
     (line,) = [line for line in directives("backend maskserve") if line.startswith("http-error status 503 ")]
