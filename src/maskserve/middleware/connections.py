@@ -21,9 +21,12 @@ from ..keys import service_of, state_of
 
 async def _write(guard: ConnectionGuard, request: web.Request, response: web.StreamResponse) -> None:
     transport = request.transport
-    if transport is None or response.prepared:  # a connection already gone, or a streamed answer
+    # Answers made in memory (every API answer, error and page): those are what a slow reader
+    # holds. A file (the page's static files) prepares itself in a way that must run only once,
+    # and a streamed answer is written by its handler: both are left to aiohttp.
+    if transport is None or type(response) is not web.Response or response.prepared:
         return
-    body = response.body if isinstance(response, web.Response) else None
+    body = response.body
     seconds = guard.writing(transport, len(body) if isinstance(body, bytes) else 0)
     try:
         async with asyncio.timeout(seconds):
