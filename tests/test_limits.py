@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from aiohttp import ClientResponse
 
-from maskserve.batcher import BatchReport
+from maskserve.costs import BatchReport
 from maskserve.keys import SERVICE_KEY
 
 from .conftest import ClientFactory

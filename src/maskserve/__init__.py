@@ -23,6 +23,9 @@ import-linter contracts in setup.cfg (``tox -e style``) hold the code to this ta
     metrics                                               the Prometheus registry, fed by the batcher and a stage
     admission | connections                               may a request come in | each connection's time limits
     batcher | engine                                      the queue and batch loop (asyncio) | the model (torch)
+    inference                                             the inference thread's side of a batch: isolate, post-process
+    work_queue                                            the queue's records and one model's queue of them
+    costs                                                 what work costs: its quantities and the fitted cost model
     settings | errors | model_api | packing | lifecycle   plain data: knobs, errors, model protocol, phase
 
 aiohttp is imported from the keys up, never by the service or below it; only the engine imports

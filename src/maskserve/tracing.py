@@ -35,8 +35,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
 from . import __version__
-from .batcher import Answer, BatchReport
+from .costs import BatchReport
 from .model_api import FillMaskModel, describe_model
+from .work_queue import Answer
 
 EXPORTER_GROUP = "opentelemetry_traces_exporter"
 # OpenTelemetry's own name for OTLP. maskserve[otel] installs the HTTP/protobuf exporter (port
