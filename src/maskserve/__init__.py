@@ -13,6 +13,7 @@ import-linter contracts in setup.cfg (``tox -e style``) hold the code to this ta
     app                                                   create_app(): the service, lifecycle, middlewares, routes
     routes                                                every route in one table, and the roles the stages read
     views : page : health : agent : info : openapi : oip  handlers: API, page, probes, load agent, /info, OpenAPI, OIP
+    openapi_schemas                                       the OpenAPI document's schemas and response builders
     middleware                                            the stages around every handler, one per file, and the chain
     handling : logs                                       what handlers and stages share; logging and the access line
     deadlines                                             each request's deadline
