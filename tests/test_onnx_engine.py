@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from maskserve.engine import BackendUnavailable, FillMaskEngine
-from maskserve.model_api import Query
+from maskserve.model_api import ModelSpec, Query
 
 from .conftest import HAS_ONNXRUNTIME, NO_ONNXRUNTIME, ClientFactory
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(not HAS_ONNXRUNTIME, reason=NO_ONNXRUNTIME)
 
 if HAS_ONNXRUNTIME:
     from maskserve.engine import onnxruntime as onnx_engine
-    from maskserve.engine.onnx_export import ExportFailed
+    from maskserve.engine.export_cache import ExportFailed
     from maskserve.engine.onnxruntime import load_onnx_engine
 
 
@@ -50,14 +50,14 @@ def test_what_it_cannot_run_is_refused_naming_the_setting(
     option: dict[str, str], named: str, bert_dir: Path, tmp_path: Path
 ) -> None:
     with pytest.raises(BackendUnavailable, match=named) as caught:
-        load_onnx_engine(str(bert_dir), cache_dir=tmp_path, **option)
+        load_onnx_engine(ModelSpec(model=str(bert_dir), backend="onnxruntime", cache_dir=tmp_path, **option))
     assert "--backend torch" in str(caught.value)
     assert not (tmp_path / "onnx").exists()  # refused before anything is exported
 
 
 def test_bfloat16_is_sent_to_the_backends_that_run_it(bert_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(BackendUnavailable, match=r"use --backend openvino or --backend torch for it"):
-        load_onnx_engine(str(bert_dir), cache_dir=tmp_path, dtype="bfloat16")
+        load_onnx_engine(ModelSpec(model=str(bert_dir), backend="onnxruntime", cache_dir=tmp_path, dtype="bfloat16"))
 
 
 def test_without_onnxruntime_it_says_what_to_install(
@@ -65,7 +65,7 @@ def test_without_onnxruntime_it_says_what_to_install(
 ) -> None:
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime now raises ImportError
     with pytest.raises(BackendUnavailable, match=r"pip install 'maskserve\[onnx\]'"):
-        load_onnx_engine(str(bert_dir), cache_dir=tmp_path)
+        load_onnx_engine(ModelSpec(model=str(bert_dir), backend="onnxruntime", cache_dir=tmp_path))
 
 
 def test_a_graph_that_disagrees_with_torch_is_refused_and_not_cached(
@@ -80,7 +80,7 @@ def test_a_graph_that_disagrees_with_torch_is_refused_and_not_cached(
 
     monkeypatch.setattr(onnx_engine, "run_graph", off_by_a_little)
     with pytest.raises(ExportFailed, match="differ from torch's"):
-        load_onnx_engine(str(bert_dir), cache_dir=tmp_path)
+        load_onnx_engine(ModelSpec(model=str(bert_dir), backend="onnxruntime", cache_dir=tmp_path))
     assert [p.name for p in (tmp_path / "onnx").iterdir()] == []
 
 

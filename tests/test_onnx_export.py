@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForMaskedLM
 
 from maskserve.engine import load_engine
-from maskserve.model_api import Query
+from maskserve.model_api import ModelSpec, Query
 
 from .conftest import HAS_ONNXRUNTIME, NO_ONNXRUNTIME
 from .models import build_bert
@@ -22,12 +22,13 @@ pytestmark = pytest.mark.skipif(not HAS_ONNXRUNTIME, reason=NO_ONNXRUNTIME)
 
 if HAS_ONNXRUNTIME:
     from maskserve.engine import onnx_export
-    from maskserve.engine.onnx_export import ExportFailed, export_key, export_to_cache
+    from maskserve.engine.export_cache import ExportFailed, export_to_cache
+    from maskserve.engine.onnx_export import MODEL_FILE, export_graph, export_key
     from maskserve.engine.onnxruntime import OnnxFillMaskEngine, load_onnx_engine
 
 
 def load(folder: Path, cache: Path) -> OnnxFillMaskEngine:
-    return load_onnx_engine(str(folder), cache_dir=cache, threads=1)
+    return load_onnx_engine(ModelSpec(model=str(folder), backend="onnxruntime", cache_dir=cache, threads=1))
 
 
 def entries(cache: Path) -> list[str]:
@@ -57,7 +58,7 @@ def test_second_load_reuses_the_cache_without_exporting(
     def no_export(*args: object) -> None:
         raise AssertionError("exported again although the cache holds this model")
 
-    monkeypatch.setattr(onnx_export, "_export_graph", no_export)
+    monkeypatch.setattr(onnx_export, "export_graph", no_export)
     second = load(fresh_bert, cache)
     assert second.export.reused and second.export.key == first.export.key
     assert second.export.model_file.stat().st_mtime_ns == written
@@ -104,7 +105,7 @@ def test_a_corrupt_cached_file_is_exported_again(
     first = load(fresh_bert, cache)
     data = first.export.model_file.read_bytes()
     first.export.model_file.write_bytes(data[: len(data) // 2])  # a crash mid-copy, a full disk...
-    caplog.set_level(logging.WARNING, logger="maskserve.engine.onnx_export")
+    caplog.set_level(logging.WARNING, logger="maskserve.engine.export_cache")
     second = load(fresh_bert, cache)
     assert "unusable" in caplog.text and "model.onnx differs" in caplog.text
     assert not second.export.reused and second.export.key == first.export.key
@@ -129,7 +130,7 @@ def test_a_failed_check_publishes_nothing(fresh_bert: Path, tmp_path: Path) -> N
         raise ExportFailed("disagrees with torch")
 
     with pytest.raises(ExportFailed, match="disagrees"):
-        export_to_cache(model, root, key, parts, refuse)
+        export_to_cache(model, root, key, parts, refuse, build=export_graph, model_name=MODEL_FILE, what="ONNX")
     assert list(root.iterdir()) == []  # neither the entry nor its temporary folder
 
 
@@ -143,7 +144,9 @@ def test_losing_the_publish_race_keeps_the_other_process_entry(fresh_bert: Path,
         (root / key / "model.onnx").write_bytes(b"theirs")
         return "checked"
 
-    export, checked = export_to_cache(model, root, key, parts, other_process_publishes_first)
+    export, checked = export_to_cache(
+        model, root, key, parts, other_process_publishes_first, build=export_graph, model_name=MODEL_FILE, what="ONNX"
+    )
     assert checked == "checked" and export.folder == root / key and export.reused
     assert (root / key / "model.onnx").read_bytes() == b"theirs"
     assert [p.name for p in root.iterdir()] == [key]  # our temporary folder is gone

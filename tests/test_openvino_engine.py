@@ -18,7 +18,7 @@ import torch
 from maskserve.app import load_model
 from maskserve.engine import BackendUnavailable, FillMaskEngine
 from maskserve.engine.cpu import describe_features, native_bf16
-from maskserve.model_api import Query
+from maskserve.model_api import ModelSpec, Query
 from maskserve.settings import Settings
 
 from .conftest import HAS_OPENVINO, NO_OPENVINO, ClientFactory
@@ -27,9 +27,10 @@ from .models import build_bert
 pytestmark = pytest.mark.skipif(not HAS_OPENVINO, reason=NO_OPENVINO)
 
 if HAS_OPENVINO:
+    from maskserve.engine import graph as graph_engine
     from maskserve.engine import openvino as ov_engine
     from maskserve.engine import openvino_export
-    from maskserve.engine.onnx_export import ExportFailed
+    from maskserve.engine.export_cache import ExportFailed
     from maskserve.engine.openvino import OpenVinoFillMaskEngine, load_openvino_engine
 
 NO_NATIVE_BF16 = "this CPU has no AMX or AVX-512 BF16: OpenVINO refuses bfloat16 here"
@@ -76,7 +77,7 @@ def test_what_it_cannot_run_is_refused_naming_the_setting(
     option: dict[str, str], named: str, bert_dir: Path, tmp_path: Path
 ) -> None:
     with pytest.raises(BackendUnavailable, match=named) as caught:
-        load_openvino_engine(str(bert_dir), cache_dir=tmp_path, **option)
+        load_openvino_engine(ModelSpec(model=str(bert_dir), backend="openvino", cache_dir=tmp_path, **option))
     assert "--backend torch" in str(caught.value)
     assert not (tmp_path / "openvino").exists()  # refused before anything is converted
 
@@ -86,7 +87,7 @@ def test_without_openvino_it_says_what_to_install(
 ) -> None:
     monkeypatch.setitem(sys.modules, "openvino", None)  # import openvino now raises ImportError
     with pytest.raises(BackendUnavailable, match=r"pip install 'maskserve\[openvino\]'"):
-        load_openvino_engine(str(bert_dir), cache_dir=tmp_path)
+        load_openvino_engine(ModelSpec(model=str(bert_dir), backend="openvino", cache_dir=tmp_path))
 
 
 def test_a_graph_that_disagrees_with_torch_is_refused_and_not_cached(
@@ -101,14 +102,14 @@ def test_a_graph_that_disagrees_with_torch_is_refused_and_not_cached(
 
     monkeypatch.setattr(ov_engine, "run_graph", off_by_a_little)
     with pytest.raises(ExportFailed, match="differ from torch's"):
-        load_openvino_engine(str(bert_dir), cache_dir=tmp_path)
+        load_openvino_engine(ModelSpec(model=str(bert_dir), backend="openvino", cache_dir=tmp_path))
     assert entries(tmp_path) == []
 
 
 def test_second_load_reuses_the_cached_graph_without_converting(
     fresh_bert: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first = load_openvino_engine(str(fresh_bert), cache_dir=tmp_path, threads=1)
+    first = load_openvino_engine(ModelSpec(model=str(fresh_bert), backend="openvino", cache_dir=tmp_path, threads=1))
     assert not first.export.reused and entries(tmp_path) == [first.export.key]
     written = first.export.model_file.stat().st_mtime_ns
 
@@ -116,14 +117,14 @@ def test_second_load_reuses_the_cached_graph_without_converting(
         raise AssertionError("converted again although the cache holds this model")
 
     monkeypatch.setattr(ov_engine, "convert_graph", no_conversion)
-    second = load_openvino_engine(str(fresh_bert), cache_dir=tmp_path, threads=1)
+    second = load_openvino_engine(ModelSpec(model=str(fresh_bert), backend="openvino", cache_dir=tmp_path, threads=1))
     assert second.export.reused and second.export.key == first.export.key
     assert second.export.model_file.stat().st_mtime_ns == written
     assert top_answer(second) == top_answer(first)
 
 
 def test_a_corrupt_cached_graph_is_converted_again(fresh_bert: Path, tmp_path: Path) -> None:
-    first = load_openvino_engine(str(fresh_bert), cache_dir=tmp_path, threads=1)
+    first = load_openvino_engine(ModelSpec(model=str(fresh_bert), backend="openvino", cache_dir=tmp_path, threads=1))
     weights = first.export.folder / "model.bin"
     data = bytearray(weights.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -131,7 +132,7 @@ def test_a_corrupt_cached_graph_is_converted_again(fresh_bert: Path, tmp_path: P
     # mapped file in place would pull its weights from under it.
     (first.export.folder / "corrupt.bin").write_bytes(bytes(data))
     (first.export.folder / "corrupt.bin").replace(weights)
-    again = load_openvino_engine(str(fresh_bert), cache_dir=tmp_path, threads=1)
+    again = load_openvino_engine(ModelSpec(model=str(fresh_bert), backend="openvino", cache_dir=tmp_path, threads=1))
     assert not again.export.reused and entries(tmp_path) == [first.export.key]
     assert [token for token, _ in top_answer(again)] == [token for token, _ in top_answer(first)]
 
@@ -139,7 +140,7 @@ def test_a_corrupt_cached_graph_is_converted_again(fresh_bert: Path, tmp_path: P
 def test_the_key_follows_the_weights_and_differs_from_the_onnx_key(fresh_bert: Path, tmp_path: Path) -> None:
     from transformers import AutoModelForMaskedLM
 
-    from maskserve.engine.onnx_export import key_of
+    from maskserve.engine.export_cache import key_of
 
     model = AutoModelForMaskedLM.from_pretrained(str(fresh_bert))
     key, parts = openvino_export.export_key(model)
@@ -163,7 +164,9 @@ def test_torch_keeps_one_thread_beside_openvino(ov_bert_engine: FillMaskEngine) 
 @pytest.mark.skipif(not native_bf16(), reason=NO_NATIVE_BF16)
 def test_bfloat16_compiles_the_same_graph_and_says_what_runs_it(ov_bert_engine: FillMaskEngine) -> None:
     cache = ov_bert_engine.export.folder.parent.parent  # type: ignore[attr-defined]
-    engine = load_openvino_engine(str(ov_bert_engine.source), cache_dir=cache, threads=1, dtype="bfloat16")
+    engine = load_openvino_engine(
+        ModelSpec(model=str(ov_bert_engine.source), backend="openvino", cache_dir=cache, threads=1, dtype="bfloat16")
+    )
     assert isinstance(engine, OpenVinoFillMaskEngine) and engine.export.reused  # one graph, two precisions
     assert engine.dtype == "bfloat16"
     assert ov_engine.precision_of(engine.compiled) == "bf16"
@@ -177,7 +180,7 @@ def test_bfloat16_that_openvino_would_not_run_is_refused(
     # A CPU whose flags promise bfloat16 but whose plugin settles on float32 all the same.
     monkeypatch.setattr(ov_engine, "precision_of", lambda compiled: "f32")
     with pytest.raises(BackendUnavailable, match="needs AMX or AVX-512 BF16") as caught:
-        load_openvino_engine(str(bert_dir), cache_dir=tmp_path, dtype="bfloat16")
+        load_openvino_engine(ModelSpec(model=str(bert_dir), backend="openvino", cache_dir=tmp_path, dtype="bfloat16"))
     assert "--backend torch" in str(caught.value)
 
 
@@ -186,9 +189,9 @@ def test_bfloat16_on_a_cpu_without_it_is_refused_before_loading(
 ) -> None:
     # This CPU's own case where it has neither AMX nor AVX-512 BF16; forced where it has them.
     monkeypatch.setattr(ov_engine, "native_bf16", lambda: False)
-    monkeypatch.setattr(ov_engine, "load_pretrained", lambda *a, **k: pytest.fail("loaded the model"))
+    monkeypatch.setattr(graph_engine, "load_pretrained", lambda *a, **k: pytest.fail("loaded the model"))
     with pytest.raises(BackendUnavailable, match=r"needs AMX or AVX-512 BF16.*--backend torch"):
-        load_openvino_engine(str(bert_dir), cache_dir=tmp_path, dtype="bfloat16")
+        load_openvino_engine(ModelSpec(model=str(bert_dir), backend="openvino", cache_dir=tmp_path, dtype="bfloat16"))
 
 
 def test_the_plugins_per_shape_cache_is_bounded(
@@ -206,7 +209,7 @@ def test_the_plugins_per_shape_cache_is_bounded(
             return core.compile_model(model, device, config)
 
     monkeypatch.setattr(ov_engine, "shared_core", Recording)
-    engine = load_openvino_engine(str(bert_dir), cache_dir=tmp_path, threads=1)
+    engine = load_openvino_engine(ModelSpec(model=str(bert_dir), backend="openvino", cache_dir=tmp_path, threads=1))
     assert configs and all(c["CPU_RUNTIME_CACHE_CAPACITY"] == ov_engine.RUNTIME_CACHE_SHAPES for c in configs)
     # Many shapes, more than the cache holds, still answer alike.
     first = top_answer(engine)
@@ -252,10 +255,11 @@ SIGNAL_AFTER_ENGINES_END = """
 import gc, os, signal, sys
 from pathlib import Path
 from maskserve.engine.openvino import load_openvino_engine
+from maskserve.model_api import ModelSpec
 
 model, cache = sys.argv[1], Path(sys.argv[2])
-first = load_openvino_engine(model, cache_dir=cache, threads=1)
-second = load_openvino_engine(model, cache_dir=cache, threads=2)
+first = load_openvino_engine(ModelSpec(model=model, backend="openvino", cache_dir=cache, threads=1))
+second = load_openvino_engine(ModelSpec(model=model, backend="openvino", cache_dir=cache, threads=2))
 del first  # ended before the engine loaded after it
 gc.collect()
 signal.signal(signal.SIGTERM, lambda *args: print("handled", flush=True))
