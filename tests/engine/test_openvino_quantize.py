@@ -23,7 +23,7 @@ from maskserve.engine.cpu import int8_fast, int8_in_effect, int8_kernels
 from maskserve.model_api import ModelSpec, Query
 from maskserve.settings import Settings
 
-from .conftest import HAS_OPENVINO, NO_OPENVINO, ClientFactory
+from ..conftest import HAS_OPENVINO, NO_OPENVINO, ClientFactory
 
 HAS_NNCF = importlib.util.find_spec("nncf") is not None
 pytestmark = [
