@@ -31,7 +31,7 @@ import transformers
 
 from maskserve.engine import FillMaskEngine, load_engine
 from maskserve.engine.cpu import cpu_flags, describe_features, int8_in_effect, isa_cap_in_effect, precision_in_effect
-from maskserve.model_api import Query
+from maskserve.model_api import ModelSpec, Query
 from maskserve.settings import available_cpus
 
 from . import offline
@@ -60,14 +60,23 @@ class Variant:
 def _onnxruntime(path: Path, threads: int) -> FillMaskEngine:
     from maskserve.engine.onnxruntime import load_onnx_engine
 
-    return load_onnx_engine(str(path), cache_dir=EXPORT_CACHE, threads=threads)
+    return load_onnx_engine(ModelSpec(model=str(path), backend="onnxruntime", cache_dir=EXPORT_CACHE, threads=threads))
 
 
 def _openvino(dtype: str, quantize: str = "none") -> Callable[[Path, int], FillMaskEngine]:
     def load(path: Path, threads: int) -> FillMaskEngine:
         from maskserve.engine.openvino import load_openvino_engine
 
-        return load_openvino_engine(str(path), cache_dir=EXPORT_CACHE, threads=threads, dtype=dtype, quantize=quantize)
+        return load_openvino_engine(
+            ModelSpec(
+                model=str(path),
+                backend="openvino",
+                cache_dir=EXPORT_CACHE,
+                threads=threads,
+                dtype=dtype,
+                quantize=quantize,
+            )
+        )
 
     return load
 

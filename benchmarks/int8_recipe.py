@@ -66,7 +66,7 @@ def measure_class() -> list[dict[str, Any]]:
     from benchmarks.models import bert_base_model, default_model
     from benchmarks.sentences import make_sentences
     from maskserve.engine.openvino import load_openvino_engine
-    from maskserve.model_api import Query
+    from maskserve.model_api import ModelSpec, Query
 
     threads = available_cpus()
     default = default_model()
@@ -76,7 +76,9 @@ def measure_class() -> list[dict[str, Any]]:
     base = bert_base_model()
     with tempfile.TemporaryDirectory() as scratch:
         cache = Path(scratch)
-        float32 = load_openvino_engine(str(base.path), cache_dir=cache / "f32", threads=threads)
+        float32 = load_openvino_engine(
+            ModelSpec(model=str(base.path), backend="openvino", cache_dir=cache / "f32", threads=threads)
+        )
         queries = sorted(
             (Query(float32.encode(s), 5) for s in make_sentences(SPEED_SENTENCES, mask=float32.mask_token)),
             key=lambda q: len(q.input_ids),
@@ -86,7 +88,14 @@ def measure_class() -> list[dict[str, Any]]:
         rows = []
         for index, (label, recipe) in enumerate(recipes()):
             small = load_openvino_engine(
-                str(default.path), cache_dir=cache / str(index), threads=threads, quantize="int8", int8_recipe=recipe
+                ModelSpec(
+                    model=str(default.path),
+                    backend="openvino",
+                    cache_dir=cache / str(index),
+                    threads=threads,
+                    quantize="int8",
+                ),
+                int8_recipe=recipe,
             )
             agreement = measure_agreement(small, texts, reference)
             rows.append(
@@ -99,7 +108,14 @@ def measure_class() -> list[dict[str, Any]]:
                 }
             )
             engines[label] = load_openvino_engine(
-                str(base.path), cache_dir=cache / str(index), threads=threads, quantize="int8", int8_recipe=recipe
+                ModelSpec(
+                    model=str(base.path),
+                    backend="openvino",
+                    cache_dir=cache / str(index),
+                    threads=threads,
+                    quantize="int8",
+                ),
+                int8_recipe=recipe,
             )
         seconds: dict[str, list[float]] = {name: [] for name in engines}
         for _ in range(ROUNDS):

@@ -93,7 +93,7 @@ async def server_view(
                 async with session.post(url, data=text) as response:
                     await response.read()
             if traced:
-                app[TRACING_KEY].provider.force_flush()
+                app[TRACING_KEY].tracing.provider.force_flush()
                 exporter.clear()
             for _ in range(rounds):
                 for text in texts:
@@ -103,7 +103,7 @@ async def server_view(
                     round_trips.append(time.perf_counter() - started)
         figures = {"round trip": median_ms(round_trips)}
         if traced:
-            app[TRACING_KEY].provider.force_flush()
+            app[TRACING_KEY].tracing.provider.force_flush()
             figures |= span_figures(list(exporter.get_finished_spans()))
         return figures
     finally:

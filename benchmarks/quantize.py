@@ -26,7 +26,7 @@ import torch
 
 from maskserve.engine import FillMaskEngine, load_engine
 from maskserve.engine.cpu import describe_features
-from maskserve.model_api import Query
+from maskserve.model_api import ModelSpec, Query
 from maskserve.settings import available_cpus
 
 from .models import CACHE_DIR, BenchModel, bert_base_model, default_model
@@ -48,14 +48,16 @@ class Variant:
 def _onnxruntime(path: Path, threads: int) -> FillMaskEngine:
     from maskserve.engine.onnxruntime import load_onnx_engine
 
-    return load_onnx_engine(str(path), cache_dir=EXPORT_CACHE, threads=threads)
+    return load_onnx_engine(ModelSpec(model=str(path), backend="onnxruntime", cache_dir=EXPORT_CACHE, threads=threads))
 
 
 def _openvino(dtype: str) -> Callable[[Path, int], FillMaskEngine]:
     def load(path: Path, threads: int) -> FillMaskEngine:
         from maskserve.engine.openvino import load_openvino_engine
 
-        return load_openvino_engine(str(path), cache_dir=EXPORT_CACHE, threads=threads, dtype=dtype)
+        return load_openvino_engine(
+            ModelSpec(model=str(path), backend="openvino", cache_dir=EXPORT_CACHE, threads=threads, dtype=dtype)
+        )
 
     return load
 

@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient
 from maskserve.app import create_app
 from maskserve.engine import FillMaskEngine, load_engine
 from maskserve.engine.cpu import describe_features, int8_in_effect, isa_cap_in_effect, precision_in_effect
-from maskserve.model_api import FillMaskModel
+from maskserve.model_api import FillMaskModel, ModelSpec
 from maskserve.settings import Settings
 
 from .models import build_bert, build_roberta
@@ -80,7 +80,7 @@ def load_onnx(model: str | None, cache_dir: Path) -> FillMaskEngine:
         pytest.skip(NO_ONNXRUNTIME)
     from maskserve.engine.onnxruntime import load_onnx_engine
 
-    return load_onnx_engine(model, cache_dir=cache_dir, threads=1)
+    return load_onnx_engine(ModelSpec(model=model, backend="onnxruntime", cache_dir=cache_dir, threads=1))
 
 
 @pytest.fixture(scope="session")
@@ -103,7 +103,7 @@ def load_openvino(model: str | None, cache_dir: Path, dtype: str = "auto") -> Fi
         pytest.skip(NO_OPENVINO)
     from maskserve.engine.openvino import load_openvino_engine
 
-    return load_openvino_engine(model, cache_dir=cache_dir, threads=1, dtype=dtype)
+    return load_openvino_engine(ModelSpec(model=model, backend="openvino", cache_dir=cache_dir, threads=1, dtype=dtype))
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from maskserve.admission import Admission
-from maskserve.batcher import Batcher, BatchReport
+from maskserve.batcher import Batcher
+from maskserve.costs import BatchReport, Work
 from maskserve.errors import DeadlineExceeded, Overloaded, ShuttingDown
 from maskserve.model_api import Query
 from maskserve.settings import Settings
@@ -22,9 +23,10 @@ def make_batcher(**limits: int) -> Batcher:
 
 
 def fill(batcher: Batcher, texts: int, tokens: int = 10) -> None:
+    """Queue ``texts`` texts past admission, as if admitted earlier (no batch loop takes them)."""
     deadline = asyncio.get_running_loop().time() + 60
     for _ in range(texts):
-        batcher.submit(Query(input_ids=(4,) * tokens, top_k=1), deadline)
+        batcher.enqueue(Query(input_ids=(4,) * tokens, top_k=1), deadline)
 
 
 async def test_admits_when_the_queue_has_room_and_time_suffices() -> None:
@@ -61,7 +63,23 @@ async def test_predicted_wait_beyond_the_deadline_is_refused_at_the_door() -> No
 async def test_unmeasured_cost_never_refuses_on_a_guess() -> None:
     batcher = make_batcher(max_queue=100)
     fill(batcher, 50)
-    Admission(batcher).at_door(time_left=0.001)
+    admission = Admission(batcher)
+    admission.at_door(time_left=0.001)  # raises if refused
+    admission.admit(Work.of([Query(input_ids=(4,) * 10, top_k=1)]), time_left=0.001, request_timeout=30.0)
+    assert batcher.predicted_wait() == 0.0
+    assert not admission.refused
+
+
+async def test_a_request_is_admitted_whole_or_refused_whole() -> None:
+    batcher = make_batcher(max_queue=3)
+    fill(batcher, 2)
+    admission = Admission(batcher)
+    two = Work.of([Query(input_ids=(4,) * 10, top_k=1)] * 2)
+    with pytest.raises(Overloaded) as refused:  # one text would fit; the request's two do not
+        admission.admit(two, time_left=10.0, request_timeout=30.0)
+    assert refused.value.retry_after >= 1
+    assert admission.refused["queue_full"] == 1
+    assert batcher.depth == 2
 
 
 async def test_closed_batcher_is_refused_as_shutting_down() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from maskserve.batcher import BatchReport
+from maskserve.costs import BatchReport
 from maskserve.keys import SERVICE_KEY
 
 from .conftest import ClientFactory

@@ -10,7 +10,7 @@ import pytest
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient
 
-from maskserve.batcher import BatchReport
+from maskserve.costs import BatchReport
 from maskserve.health import liveness, readiness
 from maskserve.keys import SERVICE_KEY
 

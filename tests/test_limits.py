@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from aiohttp import ClientResponse
 
-from maskserve.batcher import BatchReport
+from maskserve.costs import BatchReport
 from maskserve.keys import SERVICE_KEY
 
 from .conftest import ClientFactory
@@ -144,10 +144,16 @@ async def test_no_request_can_name_a_model_or_a_file(make_client: ClientFactory,
     (name,) = extra
     assert f'unknown field "{name}"' in error["error"]
     assert model.batches == []  # refused before anything was queued
-    for key in ("parameters", "options"):
-        response = await client.post("/", json={"inputs": OK, key: extra})
-        assert response.status in (200, 422)
-        assert "root:" not in await response.text()
+    # Under "parameters" it is an unknown parameter, refused and named.
+    error = await error_of(await client.post("/", json={"inputs": OK, "parameters": extra}), 422)
+    assert error["error_type"] == "invalid_input"
+    assert f'unknown field "{name}"' in error["error"] and "root:" not in error["error"]
+    assert model.batches == []
+    # "options" is the old Inference API clients' (wait_for_model, ...), read by nothing: the text
+    # is answered as if it were absent, and the name reaches nothing.
+    response = await client.post("/", json={"inputs": OK, "options": extra})
+    assert response.status == 200, await response.text()
+    assert model.batches == [[model.encode(OK)]]
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
-from maskserve.batcher import BatchReport
+from maskserve.costs import BatchReport
 from maskserve.engine import FillMaskEngine
 from maskserve.keys import SERVICE_KEY
 from maskserve.metrics import Metrics

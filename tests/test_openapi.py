@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
+import pytest
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient
 from openapi_spec_validator import validate as validate_openapi
@@ -18,8 +19,8 @@ from referencing.jsonschema import DRAFT202012
 
 from maskserve.engine import FillMaskEngine
 from maskserve.keys import SERVICE_KEY
-from maskserve.openapi import openapi_document
-from maskserve.routes import ROUTE_ROLES
+from maskserve.openapi import Operation, openapi_document, router_operations
+from maskserve.routes import ROUTE_ROLES, served_operations
 from maskserve.schemas import request_schema
 from maskserve.settings import Settings
 
@@ -38,24 +39,9 @@ def pointer(*parts: str) -> str:
     return "/".join(p.replace("~", "~0").replace("/", "~1") for p in parts)
 
 
-def served_routes(app: web.Application) -> set[tuple[str, str, str | None]]:
-    """(method, path template, name) of every route in the router; a static prefix serves files below it."""
-    routes = set()
-    for route in app.router.routes():
-        if route.method == "HEAD":  # aiohttp adds HEAD beside every GET
-            continue
-        resource = route.resource
-        assert resource is not None
-        path = resource.canonical
-        if isinstance(resource, web.StaticResource):
-            path += "/{filename}"
-        routes.add((route.method, path, resource.name))
-    return routes
-
-
-def documented_routes(document: dict[str, Any]) -> set[tuple[str, str, str | None]]:
+def documented_routes(document: dict[str, Any]) -> set[Operation]:
     return {
-        (method.upper(), path, operation["operationId"])
+        (method, path, operation["operationId"])
         for path, item in document["paths"].items()
         for method, operation in item.items()
     }
@@ -133,7 +119,7 @@ def infer_body(*texts: str) -> dict[str, Any]:
 
 
 def test_document_is_valid_openapi_3_1() -> None:
-    document = openapi_document(Settings(), ROUTE_ROLES)
+    document = openapi_document(Settings(), ROUTE_ROLES, served_operations())
     validate_openapi(document)
     assert document["openapi"].startswith("3.1")
     for schema in document["components"]["schemas"].values():
@@ -143,9 +129,32 @@ def test_document_is_valid_openapi_3_1() -> None:
 async def test_every_route_in_the_router_is_documented_and_nothing_else(make_client: ClientFactory) -> None:
     client = await make_client()
     document = await (await client.get("/openapi.json")).json()
-    served, documented = served_routes(client.app), documented_routes(document)
+    served, documented = set(router_operations(client.app.router)), documented_routes(document)
     assert served - documented == set(), "routes missing from /openapi.json"
     assert documented - served == set(), "documented routes the server does not have"
+    assert {name for _, _, name in served} >= ROUTE_ROLES.inference | ROUTE_ROLES.public
+
+
+def test_a_route_served_but_not_documented_fails_the_document() -> None:
+    served = [*served_operations(), ("get", "/undocumented", "undocumented")]
+    with pytest.raises(ValueError, match=r"GET /undocumented .* is served but not documented"):
+        openapi_document(Settings(), ROUTE_ROLES, served)
+
+
+def test_an_operation_documented_but_not_served_fails_the_document() -> None:
+    served = [operation for operation in served_operations() if operation[2] != "readyz"]
+    with pytest.raises(ValueError, match="documented but not served: readyz"):
+        openapi_document(Settings(), ROUTE_ROLES, served)
+
+
+def test_the_router_names_every_operation_it_serves() -> None:
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response()
+
+    router = web.UrlDispatcher()
+    router.add_get("/anonymous", handler)
+    with pytest.raises(ValueError, match="has no name"):
+        router_operations(router)
 
 
 async def test_with_an_api_key_protected_operations_document_and_answer_401(make_client: ClientFactory) -> None:

@@ -303,10 +303,10 @@ async def test_full_queue_is_shown_inline_as_busy(make_client: ClientFactory) ->
     model.hold()
     loop = asyncio.get_running_loop()
     query = Query(input_ids=model.encode("a [MASK]"), top_k=1)
-    running = batcher.submit(query, loop.time() + 60)
+    running = batcher.enqueue(query, loop.time() + 60)
     try:
         await loop.run_in_executor(None, model.entered.wait, 10)
-        waiting = batcher.submit(query, loop.time() + 60)  # fills the one queue slot
+        waiting = batcher.enqueue(query, loop.time() + 60)  # fills the one queue slot
         response = await client.post("/demo", data={"text": "kept [MASK] text"})
         assert response.status == 503
         assert int(response.headers["Retry-After"]) >= 1

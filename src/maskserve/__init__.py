@@ -13,6 +13,7 @@ import-linter contracts in setup.cfg (``tox -e style``) hold the code to this ta
     app                                                   create_app(): the service, lifecycle, middlewares, routes
     routes                                                every route in one table, and the roles the stages read
     views : page : health : agent : info : openapi : oip  handlers: API, page, probes, load agent, /info, OpenAPI, OIP
+    openapi_schemas                                       the OpenAPI document's schemas and response builders
     middleware                                            the stages around every handler, one per file, and the chain
     handling : logs                                       what handlers and stages share; logging and the access line
     deadlines                                             each request's deadline
@@ -23,6 +24,9 @@ import-linter contracts in setup.cfg (``tox -e style``) hold the code to this ta
     metrics                                               the Prometheus registry, fed by the batcher and a stage
     admission | connections                               may a request come in | each connection's time limits
     batcher | engine                                      the queue and batch loop (asyncio) | the model (torch)
+    inference                                             the inference thread's side of a batch: isolate, post-process
+    work_queue                                            the queue's records and one model's queue of them
+    costs                                                 what work costs: its quantities and the fitted cost model
     settings | errors | model_api | packing | lifecycle   plain data: knobs, errors, model protocol, phase
 
 aiohttp is imported from the keys up, never by the service or below it; only the engine imports

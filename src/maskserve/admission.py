@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .batcher import ONE_TEXT, Batcher, Work
+from .batcher import Batcher
+from .costs import ONE_TEXT, Work
 from .errors import DeadlineExceeded, Overloaded, RequestTooCostly, ServiceUnavailable, ShuttingDown
 
 

@@ -21,7 +21,8 @@ from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
-from .batcher import ONE_TEXT, Batcher
+from .batcher import Batcher
+from .costs import ONE_TEXT
 from .keys import service_of
 from .lifecycle import Lifecycle
 
@@ -33,7 +34,7 @@ MIN_WEIGHT_PERCENT = 1
 
 def load(batcher: Batcher, request_timeout: float) -> float:
     """How close to refusing work at the door this server is: 0 idle, 1 refusing."""
-    queue = batcher.depth / batcher.limits.max_queue
+    queue = batcher.depth / batcher.settings.max_queue
     wait = batcher.predicted_wait(ONE_TEXT) / request_timeout
     return min(1.0, max(0.0, queue, wait))
 

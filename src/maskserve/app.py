@@ -21,7 +21,7 @@ from .keys import SERVICE_KEY
 from .middleware import chain
 from .middleware.chain import Spec, build_chain
 from .middleware.connections import connections_middleware
-from .model_api import FillMaskModel
+from .model_api import FillMaskModel, ModelSpec
 from .page import security_headers
 from .routes import setup_routes
 from .service import FillMaskService, Loaded
@@ -38,40 +38,25 @@ SETTINGS_CHECKS: dict[str, SettingsCheck] = {
 }
 
 
-def load_model(settings: Settings) -> FillMaskModel:
-    """Load the engine named by the settings. Imported lazily: the HTTP side never imports torch."""
-    if settings.backend == "onnxruntime":
-        from .engine.onnxruntime import load_onnx_engine
-
-        return load_onnx_engine(
-            settings.model,
-            cache_dir=settings.resolved_cache_dir(),
-            device=settings.device,
-            dtype=settings.dtype,
-            threads=settings.resolved_threads(),
-            quantize=settings.quantize,
-        )
-    if settings.backend == "openvino":
-        from .engine.openvino import load_openvino_engine
-
-        return load_openvino_engine(
-            settings.model,
-            cache_dir=settings.resolved_cache_dir(),
-            device=settings.device,
-            dtype=settings.dtype,
-            threads=settings.resolved_threads(),
-            quantize=settings.quantize,
-        )
-    from .engine import load_engine
-
-    return load_engine(
-        settings.model,
+def model_spec(settings: Settings) -> ModelSpec:
+    """The model the settings name, and how to load it."""
+    return ModelSpec(
+        model=settings.model,
+        backend=settings.backend,
+        cache_dir=settings.resolved_cache_dir(),
         device=settings.device,
         dtype=settings.dtype,
         threads=settings.resolved_threads(),
         adaptive_threads=settings.adaptive_threads,
         quantize=settings.quantize,
     )
+
+
+def load_model(settings: Settings) -> FillMaskModel:
+    """Load the engine named by the settings. Imported lazily: the HTTP side never imports torch."""
+    from .engine import load
+
+    return load(model_spec(settings))
 
 
 def inference_thread() -> ThreadPoolExecutor:

@@ -15,11 +15,11 @@ from aiohttp import web
 from aiohttp.web_request import FileField
 from multidict import MultiDictProxy
 
-from .batcher import Answer
 from .deadlines import request_deadline
 from .errors import BodyTimeout, InvalidHeader, MaskserveError
 from .keys import service_of, state_of
 from .model_api import Query
+from .work_queue import Answer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from .batcher import ONE_TEXT, Batcher
+from .batcher import Batcher
+from .costs import ONE_TEXT
 from .keys import service_of, state_of
 from .lifecycle import Lifecycle
 from .service import FillMaskService
@@ -106,7 +107,7 @@ def readiness(batcher: Batcher | None, live: Health, lifecycle: Lifecycle | None
         {
             "loaded": True,
             "queue_depth": batcher.depth,
-            "max_queue": batcher.limits.max_queue,
+            "max_queue": batcher.settings.max_queue,
             "predicted_wait_s": round(batcher.predicted_wait(ONE_TEXT), 3),
         },
     )

@@ -27,9 +27,11 @@ from prometheus_client.registry import Collector
 
 from . import __version__
 from .admission import Admission
-from .batcher import ONE_TEXT, Answer, Batcher, BatchReport
+from .batcher import Batcher
 from .connections import CLOSE_REASONS, ConnectionGuard
+from .costs import ONE_TEXT, BatchReport
 from .model_api import describe_model
+from .work_queue import Answer
 
 # Seconds, from a cache-warm small model (about a millisecond) to the default deadline and past it.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -194,7 +196,7 @@ class _ServingState(Collector):
             )
         yield GaugeMetricFamily("maskserve_queue_depth", "Texts waiting for the model now.", value=batcher.depth)
         yield GaugeMetricFamily(
-            "maskserve_queue_limit", "Most texts that may wait (--max-queue).", value=batcher.limits.max_queue
+            "maskserve_queue_limit", "Most texts that may wait (--max-queue).", value=batcher.settings.max_queue
         )
         yield GaugeMetricFamily(
             "maskserve_predicted_wait_seconds",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, TypedDict
 
 
@@ -23,6 +24,22 @@ class Prediction(TypedDict):
 
 # One text's answer: one list of predictions per mask, in text order.
 TextPredictions = list[list[Prediction]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """Which model to load, on which backend and how: what ``engine.load`` takes."""
+
+    model: str | None  # a folder or hub id; None: the default model
+    backend: str = "torch"
+    # Where the graph backends keep their converted graphs.
+    cache_dir: Path
+    device: str = "cpu"
+    dtype: str = "auto"
+    threads: int = 1
+    # Small batches on one torch thread (the torch backend only).
+    adaptive_threads: bool = False
+    quantize: str = "none"
 
 
 @dataclass(frozen=True)

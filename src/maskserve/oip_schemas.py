@@ -36,7 +36,7 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 _LENGTH = struct.Struct("<I")
 
 
-def infer_request_schema(limits: Settings) -> dict[str, Any]:
+def infer_request_schema(settings: Settings) -> dict[str, Any]:
     """The JSON schema of an infer request's JSON (header), with this server's limits."""
     parameters = {"type": "object", "additionalProperties": {"type": ["string", "number", "boolean", "array"]}}
     return {
@@ -47,7 +47,7 @@ def infer_request_schema(limits: Settings) -> dict[str, Any]:
             "parameters": {
                 **parameters,
                 "properties": {
-                    "top_k": {"type": "integer", "minimum": 1, "maximum": limits.max_top_k},
+                    "top_k": {"type": "integer", "minimum": 1, "maximum": settings.max_top_k},
                     "targets": {
                         "oneOf": [
                             {"type": "string", "minLength": 1},
@@ -144,13 +144,13 @@ def encode_bytes_tensor(items: Sequence[bytes]) -> bytes:
 class InferRequestParser:
     """Turns an infer request body into an :class:`InferRequest`, or raises a 4xx naming the problem."""
 
-    def __init__(self, limits: Settings) -> None:
-        self.limits = limits
-        self._validator = jsonschema.Draft202012Validator(infer_request_schema(limits))
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._validator = jsonschema.Draft202012Validator(infer_request_schema(settings))
 
     def parse(self, body: bytes, header_length: str | None) -> InferRequest:
         header, binary = self._split(body, header_length)
-        document = load_json(header, self.limits.max_json_depth)
+        document = load_json(header, self.settings.max_json_depth)
         error = jsonschema.exceptions.best_match(self._validator.iter_errors(document))
         if error is not None:
             raise schema_error(error)
@@ -169,7 +169,7 @@ class InferRequestParser:
                 texts=tuple(texts),
                 batched=True,
                 location="inputs[0].data",
-                top_k=self.limits.default_top_k if top_k is None else int(top_k),
+                top_k=self.settings.default_top_k if top_k is None else int(top_k),
                 targets=self._targets(parameters.get("targets")),
             ),
             id=document.get("id"),
@@ -192,9 +192,9 @@ class InferRequestParser:
     def _texts(self, tensor: dict[str, Any], binary: bytes) -> list[str]:
         shape: list[int] = tensor["shape"]
         count = math.prod(shape)
-        if not 1 <= count <= self.limits.max_inputs:
+        if not 1 <= count <= self.settings.max_inputs:
             raise InvalidInput(
-                f"inputs[0].shape holds {count} texts; send 1 to {self.limits.max_inputs}", field="inputs[0].shape"
+                f"inputs[0].shape holds {count} texts; send 1 to {self.settings.max_inputs}", field="inputs[0].shape"
             )
         binary_size = (tensor.get("parameters") or {}).get("binary_data_size")
         if binary_size is not None:
@@ -225,9 +225,9 @@ class InferRequestParser:
         if targets is None:
             return None
         words = targets.split(",") if isinstance(targets, str) else targets
-        if len(words) > self.limits.max_targets:
+        if len(words) > self.settings.max_targets:
             raise InvalidInput(
-                f"parameters.targets holds more than {self.limits.max_targets} words", field="parameters.targets"
+                f"parameters.targets holds more than {self.settings.max_targets} words", field="parameters.targets"
             )
         return tuple(word.strip() for word in words)
 

@@ -2,246 +2,52 @@
 
 Written in code rather than kept as a file, so the numbers in it (``maxItems``, ``maximum``, the
 body size) are the ones this server enforces, and the request body schema is the very one the
-parser validates with (:func:`maskserve.schemas.request_schema`). ``tests/test_openapi.py`` keeps
-it true: every route in the router is documented, and real responses validate against it.
+parser validates with (:func:`maskserve.schemas.request_schema`). Its paths and operation ids are
+the router's own (:func:`router_operations`): each operation is written here under its route's name,
+and a route served but not documented, or documented but not served, fails the document.
+``tests/test_openapi.py`` checks that, and that real responses validate against it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
 
 from . import __version__
 from .deadlines import TIMEOUT_HEADER
-from .errors import MaskserveError
 from .keys import service_of
 from .middleware.errors import REQUEST_ID_HEADER
-from .oip_schemas import DATATYPE, HEADER_LENGTH, INPUT_NAME, OUTPUT_NAME, infer_request_schema
-from .schemas import request_schema
+from .oip_schemas import DATATYPE, HEADER_LENGTH, INPUT_NAME, OUTPUT_NAME
+from .openapi_schemas import JSON, Schema, component_schemas, error, header, ok, ref, retry_after, timing_headers
 from .service import RouteRoles
 from .settings import Settings
 
 OPENAPI_VERSION = "3.1.0"
-JSON = "application/json"
 HTML = "text/html"
 # The Prometheus text exposition format, as prometheus_client names it.
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 
-Schema = dict[str, Any]
-
-# Each documented operation's route name in routes.py: its operationId, and how the route table's
-# roles (which need no key) name it.
-ROUTE_NAMES = {
-    ("post", "/"): "fill_mask",
-    ("get", "/"): "index",
-    ("post", "/demo"): "demo",
-    ("get", "/demo"): "demo_redirect",
-    ("get", "/static/{filename}"): "static",
-    ("get", "/livez"): "livez",
-    ("get", "/readyz"): "readyz",
-    ("get", "/metrics"): "metrics",
-    ("get", "/info"): "info",
-    ("get", "/openapi.json"): "openapi",
-    ("get", "/v2"): "oip_server_metadata",
-    ("get", "/v2/"): "oip_server_metadata_slash",
-    ("get", "/v2/health/live"): "oip_server_live",
-    ("get", "/v2/health/ready"): "oip_server_ready",
-    ("get", "/v2/models/{model}"): "oip_model_metadata",
-    ("get", "/v2/models/{model}/versions/{version}"): "oip_model_metadata_version",
-    ("get", "/v2/models/{model}/ready"): "oip_model_ready",
-    ("get", "/v2/models/{model}/versions/{version}/ready"): "oip_model_ready_version",
-    ("post", "/v2/models/{model}/infer"): "oip_infer",
-    ("post", "/v2/models/{model}/versions/{version}/infer"): "oip_infer_version",
-}
+# One served operation: its method (lower case, as OpenAPI writes it), its path template, and its
+# route's name, which is its operationId.
+Operation = tuple[str, str, str]
 
 
-def _ref(name: str) -> Schema:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def error_kinds() -> list[str]:
-    """Every ``kind`` an error body may carry: walked from the error tree, so none is forgotten."""
-    kinds: set[str] = set()
-    pending: list[type[MaskserveError]] = [MaskserveError]
-    while pending:
-        cls = pending.pop()
-        kinds.add(cls.kind)
-        pending.extend(cls.__subclasses__())
-    return sorted(kinds)
-
-
-def _schemas(limits: Settings) -> dict[str, Schema]:
-    prediction = {
-        "type": "object",
-        "required": ["score", "token", "token_str", "sequence"],
-        "additionalProperties": False,
-        "properties": {
-            "score": {"type": "number", "minimum": 0, "maximum": 1},
-            "token": {"type": "integer", "minimum": 0},
-            "token_str": {"type": "string"},
-            "sequence": {"type": "string"},
-        },
-    }
-    predictions = {"type": "array", "items": _ref("Prediction"), "maxItems": limits.max_top_k}
-    per_mask = {"type": "array", "items": _ref("Predictions")}
-    text_answer = {"anyOf": [_ref("Predictions"), per_mask]}
-    return {
-        "FillMaskRequest": request_schema(limits),
-        "Prediction": prediction,
-        "Predictions": predictions,
-        "FillMaskResponse": {
-            "description": (
-                "The fill-mask pipeline's shape: a text with one mask answers a list of predictions, "
-                "with several masks a list of such lists; a list of inputs answers one of those per input."
-            ),
-            "anyOf": [
-                text_answer,
-                {"type": "array", "items": text_answer, "minItems": 1, "maxItems": limits.max_inputs},
-            ],
-        },
-        "Error": {
-            "description": (
-                "The Hugging Face Inference API's error shape (TGI and TEI use it too), which the "
-                "official clients read: `error` is the message for people, `error_type` the stable "
-                "kind for programs; the other keys are maskserve's details."
-            ),
-            "type": "object",
-            "required": ["error", "error_type", "request_id"],
-            "additionalProperties": False,
-            "properties": {
-                "error": {"type": "string", "minLength": 1},
-                "error_type": {"type": "string", "enum": error_kinds()},
-                "request_id": {"type": "string", "minLength": 1},
-                "retry_after": {
-                    "type": "integer",
-                    "minimum": 1,
-                    "description": "On 429 and 503: the Retry-After header's seconds.",
-                },
-                "field": {
-                    "type": "string",
-                    "description": "On a 4xx about one part of the request: its JSON path, form field or header.",
-                },
-            },
-        },
-        "Health": {
-            "type": "object",
-            "required": ["status", "problems"],
-            # The facts a probe looked at (queue depth, busy time...) follow these two fields.
-            "additionalProperties": True,
-            "properties": {
-                "status": {"enum": ["ok", "unavailable"]},
-                "problems": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "required": ["code", "message"],
-                        "additionalProperties": False,
-                        "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
-                    },
-                },
-            },
-        },
-        "InferRequest": infer_request_schema(limits),
-        "InferResponse": {
-            "type": "object",
-            "required": ["model_name", "outputs"],
-            "properties": {
-                "model_name": {"type": "string"},
-                "model_version": {"type": "string", "description": "The version, when the path named one."},
-                "id": {"type": "string", "description": "The request's id, echoed."},
-                "outputs": {
-                    "type": "array",
-                    "minItems": 1,
-                    "maxItems": 1,
-                    "items": {
-                        "type": "object",
-                        "required": ["name", "datatype", "shape"],
-                        "properties": {
-                            "name": {"const": OUTPUT_NAME},
-                            "datatype": {"const": DATATYPE},
-                            "shape": {"type": "array", "items": {"type": "integer", "minimum": 1}},
-                            "data": {
-                                "type": "array",
-                                "description": "Per text, the JSON that POST / answers for that text, as a string.",
-                                "items": {"type": "string"},
-                            },
-                            "parameters": {"type": "object"},
-                        },
-                    },
-                },
-            },
-        },
-        "ServerMetadata": {
-            "type": "object",
-            "required": ["name", "version", "extensions"],
-            "properties": {
-                "name": {"type": "string"},
-                "version": {"type": "string"},
-                "extensions": {"type": "array", "items": {"type": "string"}},
-            },
-        },
-        "ModelMetadata": {
-            "type": "object",
-            "required": ["name", "platform", "inputs", "outputs"],
-            "properties": {
-                "name": {"type": "string"},
-                "versions": {"type": "array", "items": {"type": "string"}},
-                "platform": {"type": "string"},
-                "inputs": {"type": "array", "items": _ref("TensorMetadata")},
-                "outputs": {"type": "array", "items": _ref("TensorMetadata")},
-                "parameters": {"type": "object"},
-            },
-        },
-        "TensorMetadata": {
-            "type": "object",
-            "required": ["name", "datatype", "shape"],
-            "properties": {
-                "name": {"type": "string"},
-                "datatype": {"type": "string"},
-                "shape": {"type": "array", "items": {"type": "integer"}},
-            },
-        },
-        "Info": {
-            "type": "object",
-            "required": ["model", "batching", "breaker", "limits", "versions"],
-            "properties": {
-                name: {"type": ["object", "null"]} for name in ("model", "batching", "breaker", "limits", "versions")
-            },
-        },
-    }
-
-
-def _header(description: str, schema: Schema | None = None, *, required: bool = False) -> Schema:
-    return {"description": description, "required": required, "schema": schema or {"type": "string"}}
-
-
-REQUEST_ID = _header("The request's id: the caller's when short and plain, else a new one.", required=True)
-
-
-def _error(description: str, *extra_headers: tuple[str, Schema]) -> Schema:
-    return {
-        "description": description,
-        "headers": {REQUEST_ID_HEADER: REQUEST_ID, **dict(extra_headers)},
-        "content": {JSON: {"schema": _ref("Error")}},
-    }
-
-
-def _retry_after() -> tuple[str, Schema]:
-    return (
-        "Retry-After",
-        _header(
-            "Whole seconds to wait before retrying, computed from the work ahead.", {"type": "string"}, required=True
-        ),
-    )
-
-
-def _ok(description: str, content_type: str, schema: Schema, **headers: Schema) -> Schema:
-    return {
-        "description": description,
-        "headers": {REQUEST_ID_HEADER: REQUEST_ID, **headers},
-        "content": {content_type: {"schema": schema}},
-    }
+def router_operations(router: web.UrlDispatcher) -> list[Operation]:
+    """Every operation ``router`` serves, in its order; a static prefix serves the files below it."""
+    operations: list[Operation] = []
+    for route in router.routes():
+        if route.method == "HEAD":  # aiohttp adds HEAD beside every GET: not documented apart
+            continue
+        resource = route.resource
+        if resource is None or resource.name is None:
+            raise ValueError(f"{route.method} {route} has no name, so no operationId; name it in routes.py")
+        path = resource.canonical
+        if isinstance(resource, web.StaticResource):
+            path += "/{filename}"
+        operations.append((route.method.lower(), path, resource.name))
+    return operations
 
 
 def _probe(summary: str, description: str) -> Schema:
@@ -250,21 +56,13 @@ def _probe(summary: str, description: str) -> Schema:
         "description": description,
         "tags": ["operations"],
         "responses": {
-            "200": _ok("Healthy.", JSON, _ref("Health")),
-            "503": _ok("Not healthy; `problems` says why.", JSON, _ref("Health")),
+            "200": ok("Healthy.", JSON, ref("Health")),
+            "503": ok("Not healthy; `problems` says why.", JSON, ref("Health")),
         },
     }
 
 
-def _timing_headers() -> dict[str, Schema]:
-    return {
-        "X-Queue-Time-Ms": _header("Milliseconds the slowest text waited in the queue."),
-        "X-Inference-Time-Ms": _header("Milliseconds of the forward pass that answered it."),
-        "X-Batch-Size": _header("Texts in that forward pass."),
-    }
-
-
-def _fill_mask(settings: Settings, limits: Settings, mask_token: str) -> Schema:
+def _fill_mask(settings: Settings, mask_token: str) -> Schema:
     example = f"Paris is the {mask_token} of France."
     raw_text = {"schema": {"type": "string", "minLength": 1, "maxLength": settings.max_text_chars}, "example": example}
     return {
@@ -275,7 +73,7 @@ def _fill_mask(settings: Settings, limits: Settings, mask_token: str) -> Schema:
             f"Limits: a body of at most {settings.max_body_bytes} bytes, at most {settings.max_inputs} "
             f"inputs of at most {settings.max_text_chars} characters each (and the model's token limit), "
             f"top_k from 1 to {settings.max_top_k}, at most {settings.max_targets} targets, JSON nested at "
-            f"most {limits.max_json_depth} levels."
+            f"most {settings.max_json_depth} levels."
         ),
         "tags": ["inference"],
         "parameters": [
@@ -305,7 +103,7 @@ def _fill_mask(settings: Settings, limits: Settings, mask_token: str) -> Schema:
             "required": True,
             "content": {
                 JSON: {
-                    "schema": _ref("FillMaskRequest"),
+                    "schema": ref("FillMaskRequest"),
                     "example": {"inputs": example, "parameters": {"top_k": 3}},
                 },
                 "text/plain": raw_text,
@@ -313,13 +111,13 @@ def _fill_mask(settings: Settings, limits: Settings, mask_token: str) -> Schema:
             },
         },
         "responses": {
-            "200": _ok("The predictions.", JSON, _ref("FillMaskResponse"), **_timing_headers()),
-            "400": _error("The body is not UTF-8 or not JSON, or a header is unusable."),
-            "413": _error(f"The body is larger than {settings.max_body_bytes} bytes (--max-body-bytes)."),
-            "422": _error("Well-formed but unusable: no mask token, too long, a value out of range, unknown field."),
-            "500": _error("The model failed on this input (its batch neighbours were answered)."),
-            "503": _error("Overloaded or shutting down: refused before the body is read.", _retry_after()),
-            "504": _error("The deadline passed before the answer was ready."),
+            "200": ok("The predictions.", JSON, ref("FillMaskResponse"), **timing_headers()),
+            "400": error("The body is not UTF-8 or not JSON, or a header is unusable."),
+            "413": error(f"The body is larger than {settings.max_body_bytes} bytes (--max-body-bytes)."),
+            "422": error("Well-formed but unusable: no mask token, too long, a value out of range, unknown field."),
+            "500": error("The model failed on this input (its batch neighbours were answered)."),
+            "503": error("Overloaded or shutting down: refused before the body is read.", retry_after()),
+            "504": error("The deadline passed before the answer was ready."),
         },
     }
 
@@ -346,17 +144,17 @@ def _oip_probe(summary: str, *, per_model: bool = False) -> Schema:
         "description": "The protocol's health check: 200, or 400 (its 4xx) with the problems, as /readyz says them.",
         "tags": ["open inference protocol"],
         "responses": {
-            "200": _ok("Healthy.", JSON, _ref("Health")),
-            "400": _ok("Not healthy; `problems` says why.", JSON, _ref("Health")),
+            "200": ok("Healthy.", JSON, ref("Health")),
+            "400": ok("Not healthy; `problems` says why.", JSON, ref("Health")),
         },
     }
     if per_model:
         probe["parameters"] = [MODEL_PARAMETER]
-        probe["responses"]["404"] = _error("No model of that name is served.")
+        probe["responses"]["404"] = error("No model of that name is served.")
     return probe
 
 
-def _oip_infer(settings: Settings, limits: Settings, mask_token: str) -> Schema:
+def _oip_infer(settings: Settings, mask_token: str) -> Schema:
     example = f"Paris is the {mask_token} of France."
     return {
         "summary": "Open Inference Protocol inference: texts in, each text's predictions out",
@@ -373,7 +171,7 @@ def _oip_infer(settings: Settings, limits: Settings, mask_token: str) -> Schema:
             "required": True,
             "content": {
                 JSON: {
-                    "schema": _ref("InferRequest"),
+                    "schema": ref("InferRequest"),
                     "example": {
                         "inputs": [{"name": INPUT_NAME, "shape": [1], "datatype": DATATYPE, "data": [example]}],
                         "parameters": {"top_k": 3},
@@ -382,21 +180,21 @@ def _oip_infer(settings: Settings, limits: Settings, mask_token: str) -> Schema:
             },
         },
         "responses": {
-            "200": _ok("Each text's predictions.", JSON, _ref("InferResponse"), **_timing_headers())
+            "200": ok("Each text's predictions.", JSON, ref("InferResponse"), **timing_headers())
             | {
                 "content": {
-                    JSON: {"schema": _ref("InferResponse")},
+                    JSON: {"schema": ref("InferResponse")},
                     # Triton's binary form: the JSON header, then the tensor (see the description).
                     "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
                 }
             },
-            "400": _error("The body is not JSON, or the binary tensor framing is wrong."),
-            "404": _error("No model of that name is served."),
-            "413": _error(f"The body is larger than {settings.max_body_bytes} bytes (--max-body-bytes)."),
-            "422": _error("Well-formed but unusable: the tensor's name, type or shape, no mask token, a value."),
-            "500": _error("The model failed on this input (its batch neighbours were answered)."),
-            "503": _error("Overloaded or shutting down: refused before the body is read.", _retry_after()),
-            "504": _error("The deadline passed before the answer was ready."),
+            "400": error("The body is not JSON, or the binary tensor framing is wrong."),
+            "404": error("No model of that name is served."),
+            "413": error(f"The body is larger than {settings.max_body_bytes} bytes (--max-body-bytes)."),
+            "422": error("Well-formed but unusable: the tensor's name, type or shape, no mask token, a value."),
+            "500": error("The model failed on this input (its batch neighbours were answered)."),
+            "503": error("Overloaded or shutting down: refused before the body is read.", retry_after()),
+            "504": error("The deadline passed before the answer was ready."),
         },
     }
 
@@ -406,37 +204,38 @@ def _versioned(operation: Schema) -> Schema:
     versioned = {**operation, "parameters": [*operation.get("parameters", []), VERSION_PARAMETER]}
     versioned["responses"] = {
         **operation["responses"],
-        "404": _error("No model of that name, or no such version of it, is served."),
+        "404": error("No model of that name, or no such version of it, is served."),
     }
     return versioned
 
 
-def _oip_paths(settings: Settings, limits: Settings, mask_token: str) -> dict[str, Schema]:
-    not_found = {"404": _error("No model of that name is served.")}
+def _oip_operations(settings: Settings, mask_token: str) -> dict[str, Schema]:
+    """The Open Inference Protocol's operations, by route name."""
+    not_found = {"404": error("No model of that name is served.")}
     server_metadata = {
         "summary": "Open Inference Protocol: server metadata",
         "tags": ["open inference protocol"],
-        "responses": {"200": _ok("Who serves.", JSON, _ref("ServerMetadata"))},
+        "responses": {"200": ok("Who serves.", JSON, ref("ServerMetadata"))},
     }
     model_metadata = {
         "summary": "Open Inference Protocol: model metadata",
         "tags": ["open inference protocol"],
         "parameters": [MODEL_PARAMETER],
-        "responses": {"200": _ok("The model's tensors.", JSON, _ref("ModelMetadata"))} | not_found,
+        "responses": {"200": ok("The model's tensors.", JSON, ref("ModelMetadata"))} | not_found,
     }
     model_ready = _oip_probe("Open Inference Protocol: model ready", per_model=True)
-    infer = _oip_infer(settings, limits, mask_token)
+    infer = _oip_infer(settings, mask_token)
     return {
-        "/v2": {"get": server_metadata},
-        "/v2/": {"get": dict(server_metadata)},  # its own copy: each operation gets its own id
-        "/v2/health/live": {"get": _oip_probe("Open Inference Protocol: server live (as /livez)")},
-        "/v2/health/ready": {"get": _oip_probe("Open Inference Protocol: server ready (as /readyz)")},
-        "/v2/models/{model}": {"get": model_metadata},
-        "/v2/models/{model}/versions/{version}": {"get": _versioned(model_metadata)},
-        "/v2/models/{model}/ready": {"get": model_ready},
-        "/v2/models/{model}/versions/{version}/ready": {"get": _versioned(model_ready)},
-        "/v2/models/{model}/infer": {"post": infer},
-        "/v2/models/{model}/versions/{version}/infer": {"post": _versioned(infer)},
+        "oip_server_metadata": server_metadata,
+        "oip_server_metadata_slash": server_metadata,
+        "oip_server_live": _oip_probe("Open Inference Protocol: server live (as /livez)"),
+        "oip_server_ready": _oip_probe("Open Inference Protocol: server ready (as /readyz)"),
+        "oip_model_metadata": model_metadata,
+        "oip_model_metadata_version": _versioned(model_metadata),
+        "oip_model_ready": model_ready,
+        "oip_model_ready_version": _versioned(model_ready),
+        "oip_infer": infer,
+        "oip_infer_version": _versioned(infer),
     }
 
 
@@ -454,7 +253,7 @@ def _demo(settings: Settings) -> Schema:
         "tags": ["demo"],
         "requestBody": {"required": True, "content": {"application/x-www-form-urlencoded": {"schema": form}}},
         "responses": {
-            status: _ok(description, HTML, page)
+            status: ok(description, HTML, page)
             for status, description in (
                 ("200", "The page with the predictions."),
                 ("422", "The page with the problem shown next to the field."),
@@ -465,16 +264,107 @@ def _demo(settings: Settings) -> Schema:
         }
         # Raised while reading the form, before the page can render: the API's error shape.
         | {
-            "400": _error("The form cannot be read (not UTF-8, a broken multipart body)."),
-            "413": _error(f"The form is larger than {settings.max_body_bytes} bytes (--max-body-bytes)."),
+            "400": error("The form cannot be read (not UTF-8, a broken multipart body)."),
+            "413": error(f"The form is larger than {settings.max_body_bytes} bytes (--max-body-bytes)."),
         },
     }
 
 
-def openapi_document(settings: Settings, roles: RouteRoles, mask_token: str = "[MASK]") -> dict[str, Any]:
-    """The OpenAPI 3.1 document of this server, with ``settings``' limits."""
-    limits = settings  # the request limits are the settings' own
-    not_found = {"404": _error("No such path.")}
+def _operations(settings: Settings, mask_token: str) -> dict[str, Schema]:
+    """Every documented operation, by the name of the route that serves it (its operationId)."""
+    not_found = {"404": error("No such path.")}
+    return {
+        "fill_mask": _fill_mask(settings, mask_token),
+        "index": {
+            "summary": "The demo page; ?text= and ?top_k= fill in the form without running the model",
+            "tags": ["demo"],
+            "parameters": [
+                {"name": "text", "in": "query", "required": False, "schema": {"type": "string"}},
+                {"name": "top_k", "in": "query", "required": False, "schema": {"type": "string"}},
+            ],
+            "responses": {"200": ok("The page.", HTML, {"type": "string"})},
+        },
+        "demo": _demo(settings),
+        "demo_redirect": {
+            "summary": "A reload of the answered page: back to the page itself",
+            "tags": ["demo"],
+            "responses": {
+                "303": {
+                    "description": "Redirect to `/`, the query kept.",
+                    "headers": {"Location": header("The page's URL.", required=True)},
+                }
+            },
+        },
+        "static": {
+            "summary": "The demo page's own CSS and JavaScript",
+            "tags": ["demo"],
+            "parameters": [{"name": "filename", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "responses": {
+                "200": {
+                    "description": "The file.",
+                    # The JavaScript's type depends on the platform's mimetypes table.
+                    "content": {
+                        kind: {"schema": {"type": "string"}}
+                        for kind in ("text/css", "text/javascript", "application/javascript")
+                    },
+                },
+            }
+            | not_found,
+        },
+        "livez": _probe(
+            "Liveness: 503 only when a forward pass is stuck or the batch loop died",
+            "Restart the process when this fails; a busy server is alive.",
+        ),
+        "readyz": _probe(
+            "Readiness: 503 while loading, draining, or stuck; never because of load",
+            "Send no traffic here while this fails. Load is answered at the door, request by request.",
+        ),
+        "metrics": {
+            "summary": "Prometheus metrics",
+            "tags": ["operations"],
+            "responses": {"200": ok("The exposition.", PROMETHEUS, {"type": "string"})},
+        },
+        "info": {
+            "summary": "The served model, the runtime, batching, breaker and limits, versions",
+            "tags": ["operations"],
+            "responses": {"200": ok("What is served and how.", JSON, ref("Info"))},
+        },
+        "openapi": {
+            "summary": "This document",
+            "tags": ["operations"],
+            "responses": {"200": ok("The OpenAPI document.", JSON, {"type": "object"})},
+        },
+    } | _oip_operations(settings, mask_token)
+
+
+def openapi_document(
+    settings: Settings, roles: RouteRoles, served: Sequence[Operation], mask_token: str = "[MASK]"
+) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the operations ``served`` (see :func:`router_operations`), with
+    ``settings``' limits.
+
+    Raises ``ValueError`` when a served route has no documented operation, or a documented one is
+    not served: the document and the router never drift apart.
+    """
+    documented = _operations(settings, mask_token)
+    unserved = documented.keys() - {name for _, _, name in served}
+    if unserved:
+        raise ValueError(f"documented but not served: {', '.join(sorted(unserved))}")
+    paths: dict[str, dict[str, Schema]] = {}
+    for method, path, name in served:
+        if name not in documented:
+            raise ValueError(f"{method.upper()} {path} (route {name!r}) is served but not documented")
+        # Each its own copy: operations that share a description still get their own id.
+        operation = {**documented[name], "operationId": name}
+        if settings.api_key and name not in roles.public:
+            operation["security"] = [{"bearer": []}]
+            operation["responses"] = operation["responses"] | {
+                "401": error(
+                    "No valid key: send `Authorization: Bearer <key>`.",
+                    ("WWW-Authenticate", header("The Bearer challenge (RFC 6750).", required=True)),
+                )
+            }
+        paths.setdefault(path, {})[method] = operation
     document: dict[str, Any] = {
         "openapi": OPENAPI_VERSION,
         "info": {
@@ -488,96 +378,9 @@ def openapi_document(settings: Settings, roles: RouteRoles, mask_token: str = "[
                 "in that shape."
             ),
         },
-        "paths": {
-            "/": {
-                "post": _fill_mask(settings, limits, mask_token),
-                "get": {
-                    "summary": "The demo page; ?text= and ?top_k= fill in the form without running the model",
-                    "tags": ["demo"],
-                    "parameters": [
-                        {"name": "text", "in": "query", "required": False, "schema": {"type": "string"}},
-                        {"name": "top_k", "in": "query", "required": False, "schema": {"type": "string"}},
-                    ],
-                    "responses": {"200": _ok("The page.", HTML, {"type": "string"})},
-                },
-            },
-            "/demo": {
-                "post": _demo(settings),
-                "get": {
-                    "summary": "A reload of the answered page: back to the page itself",
-                    "tags": ["demo"],
-                    "responses": {
-                        "303": {
-                            "description": "Redirect to `/`, the query kept.",
-                            "headers": {"Location": _header("The page's URL.", required=True)},
-                        }
-                    },
-                },
-            },
-            "/static/{filename}": {
-                "get": {
-                    "summary": "The demo page's own CSS and JavaScript",
-                    "tags": ["demo"],
-                    "parameters": [{"name": "filename", "in": "path", "required": True, "schema": {"type": "string"}}],
-                    "responses": {
-                        "200": {
-                            "description": "The file.",
-                            # The JavaScript's type depends on the platform's mimetypes table.
-                            "content": {
-                                kind: {"schema": {"type": "string"}}
-                                for kind in ("text/css", "text/javascript", "application/javascript")
-                            },
-                        },
-                    }
-                    | not_found,
-                }
-            },
-            "/livez": {
-                "get": _probe(
-                    "Liveness: 503 only when a forward pass is stuck or the batch loop died",
-                    "Restart the process when this fails; a busy server is alive.",
-                )
-            },
-            "/readyz": {
-                "get": _probe(
-                    "Readiness: 503 while loading, draining, or when a new request would be refused",
-                    "Send no traffic here while this fails.",
-                )
-            },
-            "/metrics": {
-                "get": {
-                    "summary": "Prometheus metrics",
-                    "tags": ["operations"],
-                    "responses": {"200": _ok("The exposition.", PROMETHEUS, {"type": "string"})},
-                }
-            },
-            "/info": {
-                "get": {
-                    "summary": "The served model, the runtime, batching, breaker and limits, versions",
-                    "tags": ["operations"],
-                    "responses": {"200": _ok("What is served and how.", JSON, _ref("Info"))},
-                }
-            },
-            "/openapi.json": {
-                "get": {
-                    "summary": "This document",
-                    "tags": ["operations"],
-                    "responses": {"200": _ok("The OpenAPI document.", JSON, {"type": "object"})},
-                }
-            },
-        }
-        | _oip_paths(settings, limits, mask_token),
-        "components": {"schemas": _schemas(limits)},
+        "paths": paths,
+        "components": {"schemas": component_schemas(settings)},
     }
-    for path, item in document["paths"].items():
-        for method, operation in item.items():
-            operation["operationId"] = ROUTE_NAMES[method, path]
-            if settings.api_key and operation["operationId"] not in roles.public:
-                operation["security"] = [{"bearer": []}]
-                operation["responses"]["401"] = _error(
-                    "No valid key: send `Authorization: Bearer <key>`.",
-                    ("WWW-Authenticate", _header("The Bearer challenge (RFC 6750).", required=True)),
-                )
     if settings.api_key:
         document["components"]["securitySchemes"] = {
             "bearer": {"type": "http", "scheme": "bearer", "description": "One of the keys of --api-key."}
@@ -589,4 +392,5 @@ async def openapi(request: web.Request) -> web.Response:
     """``GET /openapi.json``: the document, with this server's limits and its model's mask token."""
     service = service_of(request.app)
     mask_token = service.loaded.model.mask_token if service.loaded is not None else "[MASK]"
-    return web.json_response(openapi_document(service.settings, service.routes, mask_token))
+    served = router_operations(request.app.router)
+    return web.json_response(openapi_document(service.settings, service.routes, served, mask_token))

@@ -25,7 +25,6 @@ from urllib.parse import urlencode
 import aiohttp_jinja2
 from aiohttp import web
 
-from .batcher import Answer
 from .errors import (
     DeadlineExceeded,
     InvalidBody,
@@ -41,6 +40,7 @@ from .keys import service_of, state_of
 from .model_api import Prediction, describe_model
 from .schemas import FillMaskRequest
 from .settings import Settings
+from .work_queue import Answer
 
 log = logging.getLogger(__name__)
 
@@ -218,15 +218,15 @@ def page_error(error: MaskserveError) -> PageError:
     return PageError("Something went wrong", "The server could not answer this sentence. Try again.", "")
 
 
-def parse_top_k(raw: str, limits: Settings) -> int:
+def parse_top_k(raw: str, settings: Settings) -> int:
     if not raw.strip():
-        return limits.default_top_k
+        return settings.default_top_k
     try:
         value = int(raw.strip())
     except ValueError:
         value = 0
-    if not 1 <= value <= limits.max_top_k:
-        raise BadTopK(f"the number of guesses must be a whole number from 1 to {limits.max_top_k}", field="top_k")
+    if not 1 <= value <= settings.max_top_k:
+        raise BadTopK(f"the number of guesses must be a whole number from 1 to {settings.max_top_k}", field="top_k")
     return value
 
 
@@ -241,7 +241,7 @@ def render(
     headers: Mapping[str, str] | None = None,
 ) -> web.Response:
     service = service_of(request.app)
-    model, limits = service.model, service.settings
+    model, settings = service.model, service.settings
     examples = [example.format(mask=model.mask_token) for example in EXAMPLES]
     description = describe_model(model)
     context = {
@@ -250,10 +250,10 @@ def render(
         # "cpu · float32": where and how the guesses are computed, when the model says so.
         "model_runs_on": " · ".join(str(description[k]) for k in ("device", "dtype") if k in description),
         "mask_token": model.mask_token,
-        "max_text_chars": limits.max_text_chars,
-        "max_top_k": limits.max_top_k,
+        "max_text_chars": settings.max_text_chars,
+        "max_top_k": settings.max_top_k,
         "text": text,
-        "top_k": top_k or str(limits.default_top_k),
+        "top_k": top_k or str(settings.default_top_k),
         "examples": [(example, "/?" + urlencode({"text": example})) for example in examples],
         "result": result,
         "error": error,

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .batcher import Answer
 from .errors import MaskserveError
 from .traces import NO_TRACE, RequestTrace
+from .work_queue import Answer
 
 
 @dataclass

@@ -31,37 +31,47 @@ ROUTE_ROLES = RouteRoles(
 )
 
 
+def route_table() -> list[web.AbstractRouteDef]:
+    """Every route the server has, named: a route's name is its OpenAPI operationId."""
+    return [
+        web.post("/", views.fill_mask, name="fill_mask"),
+        # The demo page. The form posts to /demo, never to /: POST / reads any non-JSON body as
+        # raw text, so a urlencoded form there would be filled in, not decoded (see page.py).
+        # POST /demo asks admission itself, to show a refusal inline.
+        web.get("/", page.index, name="index"),
+        web.post("/demo", page.demo, name="demo"),
+        web.get("/demo", page.demo_redirect, name="demo_redirect"),
+        web.static("/static", page.STATIC_DIR, name="static", append_version=True),
+        # Operability: answered from the event loop, never shed, never touching the model.
+        web.get("/livez", health.livez, name="livez"),
+        web.get("/readyz", health.readyz, name="readyz"),
+        web.get("/metrics", views.metrics, name="metrics"),
+        web.get("/info", info.info, name="info"),
+        # The OpenAPI 3.1 document of this table, with the limits this server enforces.
+        web.get("/openapi.json", openapi.openapi, name="openapi"),
+        # The Open Inference Protocol (KServe v2, Triton, MLServer): the same model, admission,
+        # batcher and errors; {model} is --model-name.
+        # Each model route with and without the version segment, as the protocol lists them.
+        web.get("/v2", oip.server_metadata, name="oip_server_metadata"),
+        web.get("/v2/", oip.server_metadata, name="oip_server_metadata_slash"),
+        web.get("/v2/health/live", oip.server_live, name="oip_server_live"),
+        web.get("/v2/health/ready", oip.server_ready, name="oip_server_ready"),
+        web.get("/v2/models/{model}", oip.model_metadata, name="oip_model_metadata"),
+        web.get("/v2/models/{model}/versions/{version}", oip.model_metadata, name="oip_model_metadata_version"),
+        web.get("/v2/models/{model}/ready", oip.model_ready, name="oip_model_ready"),
+        web.get("/v2/models/{model}/versions/{version}/ready", oip.model_ready, name="oip_model_ready_version"),
+        web.post("/v2/models/{model}/infer", oip.infer, name="oip_infer"),
+        web.post("/v2/models/{model}/versions/{version}/infer", oip.infer, name="oip_infer_version"),
+    ]
+
+
 def setup_routes(app: web.Application) -> None:
-    app.add_routes(
-        [
-            web.post("/", views.fill_mask, name="fill_mask"),
-            # The demo page. The form posts to /demo, never to /: POST / reads any non-JSON body as
-            # raw text, so a urlencoded form there would be filled in, not decoded (see page.py).
-            # POST /demo asks admission itself, to show a refusal inline.
-            web.get("/", page.index, name="index"),
-            web.post("/demo", page.demo, name="demo"),
-            web.get("/demo", page.demo_redirect, name="demo_redirect"),
-            web.static("/static", page.STATIC_DIR, name="static", append_version=True),
-            # Operability: answered from the event loop, never shed, never touching the model.
-            web.get("/livez", health.livez, name="livez"),
-            web.get("/readyz", health.readyz, name="readyz"),
-            web.get("/metrics", views.metrics, name="metrics"),
-            web.get("/info", info.info, name="info"),
-            # The OpenAPI 3.1 document of this table, with the limits this server enforces.
-            web.get("/openapi.json", openapi.openapi, name="openapi"),
-            # The Open Inference Protocol (KServe v2, Triton, MLServer): the same model, admission,
-            # batcher and errors; {model} is --model-name.
-            # Each model route with and without the version segment, as the protocol lists them.
-            web.get("/v2", oip.server_metadata, name="oip_server_metadata"),
-            web.get("/v2/", oip.server_metadata, name="oip_server_metadata_slash"),
-            web.get("/v2/health/live", oip.server_live, name="oip_server_live"),
-            web.get("/v2/health/ready", oip.server_ready, name="oip_server_ready"),
-            web.get("/v2/models/{model}", oip.model_metadata, name="oip_model_metadata"),
-            web.get("/v2/models/{model}/versions/{version}", oip.model_metadata, name="oip_model_metadata_version"),
-            web.get("/v2/models/{model}/ready", oip.model_ready, name="oip_model_ready"),
-            web.get("/v2/models/{model}/versions/{version}/ready", oip.model_ready, name="oip_model_ready_version"),
-            web.post("/v2/models/{model}/infer", oip.infer, name="oip_infer"),
-            web.post("/v2/models/{model}/versions/{version}/infer", oip.infer, name="oip_infer_version"),
-        ]
-    )
+    app.add_routes(route_table())
     service_of(app).routes = ROUTE_ROLES
+
+
+def served_operations() -> list[openapi.Operation]:
+    """The operations :func:`route_table` serves, as the OpenAPI document lists them, without an app."""
+    router = web.UrlDispatcher()
+    router.add_routes(route_table())
+    return openapi.router_operations(router)

@@ -44,7 +44,7 @@ class FillMaskRequest:
     location: str = "inputs"
 
 
-def request_schema(limits: Settings) -> dict[str, Any]:
+def request_schema(settings: Settings) -> dict[str, Any]:
     """The JSON schema of the Inference API body, with this server's limits."""
     text = {"type": "string"}
     return {
@@ -54,19 +54,19 @@ def request_schema(limits: Settings) -> dict[str, Any]:
         "x-messages": {"required": 'the JSON body needs "inputs": a string or a list of strings'},
         "properties": {
             "inputs": {
-                "oneOf": [text, {"type": "array", "items": text, "minItems": 1, "maxItems": limits.max_inputs}],
+                "oneOf": [text, {"type": "array", "items": text, "minItems": 1, "maxItems": settings.max_inputs}],
                 "x-messages": {"oneOf": "inputs must be a string or a non-empty list of strings"},
             },
             "parameters": {
                 "type": ["object", "null"],
                 "additionalProperties": False,
                 "properties": {
-                    "top_k": {"type": ["integer", "null"], "minimum": 1, "maximum": limits.max_top_k},
+                    "top_k": {"type": ["integer", "null"], "minimum": 1, "maximum": settings.max_top_k},
                     "targets": {
                         "oneOf": [
                             {"type": "null"},
                             text,
-                            {"type": "array", "items": text, "minItems": 1, "maxItems": limits.max_targets},
+                            {"type": "array", "items": text, "minItems": 1, "maxItems": settings.max_targets},
                         ],
                         "x-messages": {"oneOf": "parameters.targets must be a string or a non-empty list of strings"},
                     },
@@ -161,9 +161,9 @@ def schema_error(error: jsonschema.ValidationError) -> InvalidInput:
 class RequestParser:
     """Turns a body and its content type into a :class:`FillMaskRequest`, or raises a 4xx."""
 
-    def __init__(self, limits: Settings) -> None:
-        self.limits = limits
-        self._validator = jsonschema.Draft202012Validator(request_schema(limits))
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._validator = jsonschema.Draft202012Validator(request_schema(settings))
 
     def parse(self, body: bytes, content_type: str) -> FillMaskRequest:
         try:
@@ -172,10 +172,10 @@ class RequestParser:
             raise InvalidBody(f"the body is not valid UTF-8 (byte {exc.start})") from None
         if content_type.lower() in JSON_CONTENT_TYPES:
             return self._parse_json(text)
-        return FillMaskRequest(texts=(text,), batched=False, top_k=self.limits.default_top_k, targets=None)
+        return FillMaskRequest(texts=(text,), batched=False, top_k=self.settings.default_top_k, targets=None)
 
     def _parse_json(self, text: str) -> FillMaskRequest:
-        document = load_json(text, self.limits.max_json_depth)
+        document = load_json(text, self.settings.max_json_depth)
         self._check_list_lengths(document)
         error = jsonschema.exceptions.best_match(self._validator.iter_errors(document))
         if error is not None:
@@ -187,7 +187,7 @@ class RequestParser:
         return FillMaskRequest(
             texts=(inputs,) if isinstance(inputs, str) else tuple(inputs),
             batched=not isinstance(inputs, str),
-            top_k=self.limits.default_top_k if top_k is None else int(top_k),
+            top_k=self.settings.default_top_k if top_k is None else int(top_k),
             targets=None if targets is None else ((targets,) if isinstance(targets, str) else tuple(targets)),
         )
 
@@ -197,13 +197,13 @@ class RequestParser:
         if not isinstance(document, dict):
             return
         inputs = document.get("inputs")
-        if isinstance(inputs, list) and len(inputs) > self.limits.max_inputs:
-            raise InvalidInput(f"inputs holds more than {self.limits.max_inputs} items", field="inputs")
+        if isinstance(inputs, list) and len(inputs) > self.settings.max_inputs:
+            raise InvalidInput(f"inputs holds more than {self.settings.max_inputs} items", field="inputs")
         parameters = document.get("parameters")
         targets = parameters.get("targets") if isinstance(parameters, dict) else None
-        if isinstance(targets, list) and len(targets) > self.limits.max_targets:
+        if isinstance(targets, list) and len(targets) > self.settings.max_targets:
             raise InvalidInput(
-                f"parameters.targets holds more than {self.limits.max_targets} items", field="parameters.targets"
+                f"parameters.targets holds more than {self.settings.max_targets} items", field="parameters.targets"
             )
 
     def queries(self, request: FillMaskRequest, model: FillMaskModel) -> list[Query]:
@@ -231,21 +231,21 @@ class RequestParser:
         Every prediction decodes its whole text again (its ``sequence``), so the work after the
         forward pass and the answer's size both grow with texts x masks x top_k x length.
         """
-        limits = self.limits
+        settings = self.settings
         predictions = sum(q.predictions for q in queries)
-        if predictions > limits.max_predictions:
+        if predictions > settings.max_predictions:
             masks = sum(q.n_masks for q in queries)
             raise TooManyPredictions(
                 f"this request asks for {predictions} predictions ({len(queries)} texts with {masks} masks, "
-                f"top_k {queries[0].top_k}); the limit is {limits.max_predictions}: ask for a smaller top_k, "
+                f"top_k {queries[0].top_k}); the limit is {settings.max_predictions}: ask for a smaller top_k, "
                 "or send fewer texts or masks"
             )
         # The list brackets and separators, then each text's predictions at their largest.
         size = 2 + sum(2 + q.predictions * model.prediction_bytes(q.input_ids) for q in queries)
-        if size > limits.max_response_bytes:
+        if size > settings.max_response_bytes:
             raise ResponseTooLarge(
                 f"the answer could take up to {size} bytes (each of its {predictions} predictions repeats its "
-                f"whole text), more than the limit of {limits.max_response_bytes}: ask for a smaller top_k, or "
+                f"whole text), more than the limit of {settings.max_response_bytes}: ask for a smaller top_k, or "
                 "send fewer or shorter texts"
             )
 
@@ -263,9 +263,9 @@ class RequestParser:
         top_k = request.top_k
         if not text.strip():
             raise InvalidInput(f"{where} is empty; send a sentence with {model.mask_token} in it", field=field)
-        if len(text) > self.limits.max_text_chars:
+        if len(text) > self.settings.max_text_chars:
             raise TextTooLong(
-                f"{where} has {len(text)} characters; the limit is {self.limits.max_text_chars}", field=field
+                f"{where} has {len(text)} characters; the limit is {self.settings.max_text_chars}", field=field
             )
         if model.mask_token not in text:
             raise NoMaskToken(
@@ -279,9 +279,10 @@ class RequestParser:
         masks = model.count_masks(input_ids)
         if masks == 0:
             raise NoMaskToken(f"{where} holds no usable mask token; write {model.mask_token} exactly", field=field)
-        if masks > self.limits.max_masks_per_text:
+        if masks > self.settings.max_masks_per_text:
             raise TooManyMasks(
-                f"{where} holds {masks} mask tokens; the limit is {self.limits.max_masks_per_text} a text", field=field
+                f"{where} holds {masks} mask tokens; the limit is {self.settings.max_masks_per_text} a text",
+                field=field,
             )
         return Query(input_ids=input_ids, top_k=top_k, target_ids=target_ids, n_masks=masks)
 

@@ -16,8 +16,9 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from .admission import Admission
-from .batcher import Answer, Batcher, Work
+from .batcher import Batcher
 from .connections import ConnectionGuard, ConnectionLimits
+from .costs import Work
 from .lifecycle import Lifecycle
 from .metrics import Metrics, Peers
 from .model_api import FillMaskModel, Query
@@ -25,6 +26,7 @@ from .oip_schemas import InferRequestParser
 from .schemas import FillMaskRequest, RequestParser
 from .settings import Settings
 from .traces import RequestTrace
+from .work_queue import Answer
 
 # Texts up to this many characters in all are tokenized on the event loop: a hop to the tokenizer
 # thread costs more than they do. Longer ones go to that thread, where the tokenizer releases the

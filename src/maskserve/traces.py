@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Protocol
 
-from .batcher import Answer
+from .work_queue import Answer
 
 
 class RequestTrace(Protocol):

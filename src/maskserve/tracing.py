@@ -1,5 +1,8 @@
 """OpenTelemetry tracing (``maskserve[otel]``): the tracer provider, each request's spans, the batch spans.
 
+No HTTP here: the HTTP server span, and the aiohttp instrumentation that opens it, are the
+tracing stage's (``middleware/tracing.py``).
+
 A request's trace, under the HTTP server span that ``opentelemetry-instrumentation-aiohttp-server``
 opens (continuing an incoming W3C ``traceparent``)::
 
@@ -21,22 +24,20 @@ OpenTelemetry SDK, so only the tracing stage imports it, and only when tracing i
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from importlib.metadata import entry_points
 
-from aiohttp.typedefs import Middleware
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.instrumentation.aiohttp_server import AioHttpServerInstrumentor, create_aiohttp_middleware
 from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
 from . import __version__
-from .batcher import Answer, BatchReport
+from .costs import BatchReport
 from .model_api import FillMaskModel, describe_model
+from .work_queue import Answer
 
 EXPORTER_GROUP = "opentelemetry_traces_exporter"
 # OpenTelemetry's own name for OTLP. maskserve[otel] installs the HTTP/protobuf exporter (port
@@ -81,28 +82,12 @@ def tracer_provider(exporters: Sequence[SpanExporter]) -> TracerProvider:
     return provider
 
 
-def _initialise_instrumentation() -> None:
-    """Set up the instrumentation package's module state (its URL exclusions, its meters) without
-    leaving its patch of ``web.Application`` in place: maskserve puts its middleware in the chain."""
-    instrumentor = AioHttpServerInstrumentor()
-    if not instrumentor.is_instrumented_by_opentelemetry:
-        with warnings.catch_warnings():
-            # instrument() subclasses web.Application for its patch, which aiohttp discourages with
-            # a DeprecationWarning; the patch is undone on the next line and never used.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            instrumentor.instrument()
-        instrumentor.uninstrument()
-
-
 class Tracing:
-    """One app's tracing: its provider, the HTTP span middleware, request traces and batch spans."""
+    """One app's tracing: its provider, request traces and batch spans."""
 
     def __init__(self, provider: TracerProvider) -> None:
-        _initialise_instrumentation()
         self.provider = provider
         self.tracer = provider.get_tracer("maskserve", __version__)
-        # Opens the HTTP server span of each request, continuing an incoming traceparent.
-        self.http_middleware: Middleware = create_aiohttp_middleware(tracer_provider=provider)
         self._batch_attributes: dict[str, str] = {}
 
     def observe(self, model: FillMaskModel) -> Callable[[BatchReport], None]:

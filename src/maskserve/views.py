@@ -7,12 +7,12 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from .batcher import Answer
 from .errors import ResponseTooLarge
 from .handling import answer, read_body, request_media_type, timing_headers
 from .keys import service_of, state_of
 from .metrics import merge_expositions
 from .schemas import FillMaskRequest, response_body
+from .work_queue import Answer
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import asyncio
 
 import aiohttp
 
-from maskserve.batcher import BatchReport
+from maskserve.costs import BatchReport
 from maskserve.keys import SERVICE_KEY
 
 from ..conftest import ClientFactory

@@ -61,7 +61,7 @@ def traced(aiohttp_client: Any, exporter: InMemorySpanExporter) -> Callable[...,
 
 
 def finished(client: Client, exporter: InMemorySpanExporter) -> list[ReadableSpan]:
-    client.app[TRACING_KEY].provider.force_flush()
+    client.app[TRACING_KEY].tracing.provider.force_flush()
     return list(exporter.get_finished_spans())
 
 

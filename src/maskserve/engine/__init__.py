@@ -8,16 +8,20 @@ already tokenized, length-varied batches. It implements ``model_api.FillMaskMode
     base.py         what every backend shares: loading and its refusals, the thread policy,
                     FillMaskEngine (tokens, targets, top-k, sequences, describe)
     torch.py        the torch backend (--backend torch): any device, dtype, --quantize
+    graph.py        what the graph backends share: the engine around a graph, the loading skeleton
+    export_cache.py the graphs' content-keyed disk cache: keys, atomic entries, checks
     onnxruntime.py  the onnxruntime backend (maskserve[onnx]): the graph run by ONNX Runtime
-    onnx_export.py  that graph: export, fusion, the content-keyed disk cache
+    onnx_export.py  that graph (the mask positions it takes), its ONNX export and fusion
     openvino.py     the openvino backend (maskserve[openvino]): the graph run by OpenVINO, f32 or bf16
     openvino_export.py  that graph: convert_model of the same module, cached like the ONNX export
     openvino_quantize.py  that graph quantized to int8 by NNCF (--quantize int8), cached beside it
+    loading.py      load(spec): the one loading entry, which picks the backend
     probe.py        the check every exported graph passes against torch before it is served
     cpu.py          the CPU's matrix features and the precision in effect (no torch)
 
-Importing this package imports torch, and none of onnx, onnxruntime, openvino or nncf: those backends
-are imported by name, only when asked for.
+:func:`load` is the one loading entry: a :class:`~maskserve.model_api.ModelSpec` in, the engine it
+names out. Importing this package imports torch, and none of onnx, onnxruntime, openvino or nncf:
+those backends are imported by name, only when asked for.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from .base import (
     resolve_device,
     resolve_dtype,
 )
+from .loading import load
 from .torch import TorchFillMaskEngine, load_engine, quantize_int8
 
 __all__ = [
@@ -48,6 +53,7 @@ __all__ = [
     "TorchFillMaskEngine",
     "default_model_dir",
     "encoder_flops_per_token",
+    "load",
     "load_engine",
     "quantize_int8",
     "resolve_device",

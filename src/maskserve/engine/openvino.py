@@ -1,10 +1,9 @@
 """The openvino backend: the encoder and the mask-only head run by OpenVINO's CPU plugin.
 
-Loading goes through the torch backend's checks (:func:`base.load_pretrained`), then the graph of
-``openvino_export.py`` is taken from the cache or converted, compiled in the precision asked for,
-and checked against torch on a probe batch before anything is served. The torch model is dropped
-afterwards. Tokenization, targets, top-k and the answer's shape are the shared
-:class:`base.FillMaskEngine`'s; this module only runs the graph.
+Loading is every graph backend's (``graph.py``): the graph of ``openvino_export.py`` is taken from
+the cache or converted, compiled in the precision asked for, and checked against torch on a probe
+batch before anything is served. Tokenization, targets, top-k and the answer's shape are the shared
+:class:`base.FillMaskEngine`'s; this module only compiles and runs the graph.
 
 float32 is set explicitly: OpenVINO's own default on a CPU with AMX is bfloat16, which would
 change the answers without the operator asking. ``--dtype bfloat16`` compiles the same graph in
@@ -22,21 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from .base import (
-    BackendUnavailable,
-    FillMaskEngine,
-    ThreadPolicy,
-    default_model_dir,
-    encoder_flops_per_token,
-    load_pretrained,
-)
+from ..model_api import ModelSpec
+from .base import BackendUnavailable
 from .cpu import describe_features, int8_fast, int8_in_effect, int8_kernels, native_bf16, precision_in_effect
-from .onnx_export import INPUTS, CachedExport, ExportFailed, export_to_cache, one_line, open_cached
+from .export_cache import CachedExport, ExportFailed, export_to_cache, one_line, open_cached, open_or_make
+from .graph import GraphFillMaskEngine, GraphLoad, require_cpu
+from .onnx_export import INPUTS
 from .openvino_export import COMPILED_DIR, MODEL_FILE, convert_graph, export_key
 from .openvino_quantize import Int8Recipe, quantize_graph, quantized_key, recipe_for
-from .probe import Probe
 
 log = logging.getLogger(__name__)
 
@@ -129,68 +122,30 @@ def run_graph(request: Any, input_ids: np.ndarray, attention_mask: np.ndarray, m
     return logits
 
 
-class OpenVinoFillMaskEngine(FillMaskEngine):
+class OpenVinoFillMaskEngine(GraphFillMaskEngine):
     """The openvino backend: one graph on the CPU, float32 or bfloat16, a fixed thread count."""
 
     backend = "openvino"
+    thread_policy = "fixed, one OpenVINO stream"
 
     def __init__(
-        self,
-        tokenizer: Any,
-        config: Any,
-        compiled: Any,
-        export: CachedExport,
-        *,
-        name: str,
-        threads: ThreadPolicy,
-        architecture: str,
-        precision: str,
-        quantize: str = "none",
+        self, load: GraphLoad, export: CachedExport, compiled: Any, *, precision: str, quantize: str = "none"
     ) -> None:
-        super().__init__(
-            tokenizer,
-            config,
-            name=name,
-            device=torch.device("cpu"),
-            threads=threads,
-            architecture=architecture,
-            dtype=DTYPES[precision],
-        )
+        super().__init__(load, export, dtype=DTYPES[precision])
         self.compiled = compiled
         self.request = compiled.create_infer_request()
-        self.export = export
         self.quantize = quantize
 
-    def _mask_logits(
-        self, input_ids: np.ndarray, attention_mask: np.ndarray, rows: np.ndarray, cols: np.ndarray
-    ) -> torch.Tensor:
-        # torch only takes the softmax and top-k of a few rows here: one thread, so that no
-        # spinning torch thread takes a core from OpenVINO's.
-        if torch.get_num_threads() != 1:
-            torch.set_num_threads(1)
-        mask_index = (rows * input_ids.shape[1] + cols).astype(np.int64)
-        return torch.from_numpy(run_graph(self.request, input_ids, attention_mask, mask_index))
+    def _run_graph(self, input_ids: np.ndarray, attention_mask: np.ndarray, index: np.ndarray) -> np.ndarray:
+        return run_graph(self.request, input_ids, attention_mask, index)
 
-    def _describe_backend(self) -> dict[str, str | int | float]:
-        import openvino
-
+    def _describe_graph(self) -> dict[str, str | int | float]:
+        if self.quantize != "int8":
+            return {}
         return {
-            "torch_threads": 1,
-            "openvino_threads": self.threads.max_threads,
-            "thread_policy": "fixed, one OpenVINO stream",
-            "mask_only_head": "yes" if self.export.meta.get("mask_only_head") else "no",
-            "openvino_version": openvino.__version__,
-            "export_cache_key": self.export.key,
-            "export_path": str(self.export.model_file),
-            **(
-                {
-                    "precision": int8_in_effect(),
-                    "int8_kernels": int8_kernels() if int8_fast() else "AVX2, with the overflow fix",
-                    "int8_recipe": str(self.export.meta["parts"]["recipe"]["name"]),
-                }
-                if self.quantize == "int8"
-                else {}
-            ),
+            "precision": int8_in_effect(),
+            "int8_kernels": int8_kernels() if int8_fast() else "AVX2, with the overflow fix",
+            "int8_recipe": str(self.export.meta["parts"]["recipe"]["name"]),
         }
 
 
@@ -211,31 +166,7 @@ def _precision_for(dtype: str) -> str:
     return precision
 
 
-def load_openvino_engine(
-    model: str | None,
-    *,
-    cache_dir: Path,
-    device: str = "cpu",
-    dtype: str = "auto",
-    threads: int = 1,
-    quantize: str = "none",
-    int8_recipe: Int8Recipe | None = None,
-) -> OpenVinoFillMaskEngine:
-    """Load ``model``, reuse or make its graph under ``cache_dir``/openvino, compile, check, serve.
-
-    ``int8_recipe`` overrides the recipe chosen for this CPU (tests and benchmarks compare them).
-
-    Raises :class:`ModelLoadError` for a model no backend can serve (exit 1), and
-    :class:`BackendUnavailable` (exit 2) when this backend cannot serve it as asked.
-    """
-    started = time.perf_counter()
-    if device == "cuda":
-        raise BackendUnavailable("--backend openvino runs on the CPU only; use --backend torch for --device cuda")
-    precision = _precision_for(dtype)
-    if precision == "bf16" and not native_bf16():
-        # Refused before anything is loaded: without AMX or AVX-512 BF16 the CPU plugin either
-        # fails to compile a bfloat16 graph, with a message that names neither, or runs float32.
-        raise _not_on_this_cpu("f32", precision)
+def _check_quantize(quantize: str, precision: str, dtype: str) -> None:
     if quantize == "int8":
         if precision != "f32":
             raise BackendUnavailable(
@@ -245,62 +176,61 @@ def load_openvino_engine(
         _require_nncf()
     elif quantize != "none":
         raise BackendUnavailable(f"--backend openvino runs --quantize int8 or none, not {quantize}")
-    _openvino()
-    torch.set_num_threads(1)  # see OpenVinoFillMaskEngine._mask_logits
-    root = cache_dir / "openvino"
-    log.info(
-        "loading model from %s for openvino (%s, %d threads, cache %s); CPU matrix features: %s",
-        model or default_model_dir(),
-        int8_in_effect() if quantize == "int8" else precision_in_effect(DTYPES[precision], "cpu"),
-        threads,
-        root,
-        describe_features(),
-    )
-    if quantize == "int8" and not int8_fast():
-        # Served all the same: the operator asked for it, and it still answers closely.
-        log.warning("--quantize int8 on a CPU without VNNI or AMX: %s", int8_in_effect())
-    loaded = load_pretrained(model, device=torch.device("cpu"), dtype=torch.float32)
-    flops_per_token = encoder_flops_per_token(loaded.model)
-    key, parts = export_key(loaded.model)
-    probe = Probe(loaded.tokenizer, loaded.model)
 
-    def open_checked(
-        model_file: Path, tolerance: float = PROBE_SCORE_TOLERANCE[precision], keep_compiled: bool = True
-    ) -> Any:
-        compiled = compile_graph(model_file, precision, threads, keep_compiled=keep_compiled)
+
+class _Graphs:
+    """Where a load finds or makes its graph: the float32 one, or the int8 one made from it."""
+
+    def __init__(self, load: GraphLoad, precision: str, int8_recipe: Int8Recipe | None = None) -> None:
+        self.load = load
+        self.precision = precision
+        self.int8_recipe = int8_recipe
+        self.key, self.parts = export_key(load.loaded.model)
+
+    def open_checked(self, model_file: Path, tolerance: float | None = None, keep_compiled: bool = True) -> Any:
+        """The graph compiled in the precision asked for, and checked against torch."""
+        precision = self.precision
+        compiled = compile_graph(model_file, precision, self.load.threads, keep_compiled=keep_compiled)
         got = precision_of(compiled)
         if got != precision:
             raise _not_on_this_cpu(got, precision)
         request = compiled.create_infer_request()
-        probe.check(lambda *inputs: run_graph(request, *inputs), tolerance)
+        bound = PROBE_SCORE_TOLERANCE[precision] if tolerance is None else tolerance
+        self.load.probe.check(lambda *inputs: run_graph(request, *inputs), bound)
         return compiled
 
-    def float32_graph() -> tuple[CachedExport, Any]:
-        cached = open_cached(root, key, open_checked, MODEL_FILE)
-        if cached is not None:
-            return cached
-        log.info("converting %s to OpenVINO (once per model and versions; cache key %s)", loaded.name, key)
-        made = export_to_cache(
-            loaded.model, root, key, parts, open_checked, build=convert_graph, model_name=MODEL_FILE, what="OpenVINO"
+    def open_int8(self, model_file: Path) -> Any:
+        # Compiled from the graph at every start (a second or two), never restored from
+        # OpenVINO's compiled cache: OpenVINO 2025.1, inside this extra's bounds, restored an
+        # int8 graph from it that answered every token alike, and the loose probe let that by.
+        return self.open_checked(model_file, INT8_PROBE_SCORE_TOLERANCE, keep_compiled=False)
+
+    def float32(self) -> tuple[CachedExport, Any]:
+        loaded = self.load.loaded
+        made = open_or_make(
+            loaded.model,
+            self.load.root,
+            self.key,
+            self.parts,
+            self.open_checked,
+            build=convert_graph,
+            model_name=MODEL_FILE,
+            what="OpenVINO",
+            making=f"converting {loaded.name} to OpenVINO",
         )
-        log.info("converted in %.1fs", made[0].meta["convert_seconds"])
+        if not made[0].reused:
+            log.info("converted in %.1fs", made[0].meta["convert_seconds"])
         return made
 
-    def int8_graph() -> tuple[CachedExport, Any]:
-        recipe = int8_recipe or recipe_for()
-        int8_key, int8_parts = quantized_key(parts, recipe)
-
-        def open_int8(model_file: Path) -> Any:
-            # Compiled from the graph at every start (a second or two), never restored from
-            # OpenVINO's compiled cache: OpenVINO 2025.1, inside this extra's bounds, restored an
-            # int8 graph from it that answered every token alike, and the loose probe let that by.
-            return open_checked(model_file, INT8_PROBE_SCORE_TOLERANCE, keep_compiled=False)
-
-        cached = open_cached(root, int8_key, open_int8, MODEL_FILE)
+    def int8(self) -> tuple[CachedExport, Any]:
+        loaded, root = self.load.loaded, self.load.root
+        recipe = self.int8_recipe or recipe_for()
+        int8_key, int8_parts = quantized_key(self.parts, recipe)
+        cached = open_cached(root, int8_key, self.open_int8, MODEL_FILE)
         if cached is not None:
             return cached
         # Read after the float32 graph is compiled: the shared Core starts before NNCF's own.
-        float32_export = float32_graph()[0]
+        float32_export = self.float32()[0]
         float32 = shared_core().read_model(str(float32_export.model_file))
         log.info("quantizing %s to int8 with NNCF (once per model and versions; cache key %s)", loaded.name, int8_key)
 
@@ -313,7 +243,7 @@ def load_openvino_engine(
             root,
             int8_key,
             int8_parts,
-            open_int8,
+            self.open_int8,
             build=build,
             model_name=MODEL_FILE,
             what="OpenVINO int8",
@@ -321,29 +251,30 @@ def load_openvino_engine(
         log.info("quantized in %.1fs", made[0].meta["quantize_seconds"])
         return made
 
-    export, compiled = int8_graph() if quantize == "int8" else float32_graph()
-    engine = OpenVinoFillMaskEngine(
-        loaded.tokenizer,
-        loaded.model.config,
-        compiled,
-        export,
-        name=loaded.name,
-        threads=ThreadPolicy(threads, False, flops_per_token),
-        architecture=type(loaded.model).__name__,
-        precision=precision,
-        quantize=quantize,
-    )
-    engine.source = loaded.source
-    engine.load_seconds = time.perf_counter() - started
-    log.info(
-        "model ready in %.2fs on openvino %s (%s graph %s): %s, mask token %s, up to %d tokens, mask-only head: %s",
-        engine.load_seconds,
-        engine.describe()["precision"],
-        "cached" if export.reused else "new",
-        export.folder,
-        engine.architecture,
-        engine.mask_token,
-        engine.max_tokens,
-        bool(export.meta.get("mask_only_head")),
-    )
-    return engine
+
+def load_openvino_engine(spec: ModelSpec, *, int8_recipe: Int8Recipe | None = None) -> OpenVinoFillMaskEngine:
+    """``spec``'s model with its graph, reused or made under its cache folder's ``openvino/``,
+    compiled in the precision asked for and checked.
+
+    ``int8_recipe`` overrides the recipe chosen for this CPU (tests and benchmarks compare them).
+    """
+    started = time.perf_counter()
+    quantize = spec.quantize
+    require_cpu("openvino", spec.device)
+    precision = _precision_for(spec.dtype)
+    if precision == "bf16" and not native_bf16():
+        # Refused before anything is loaded: without AMX or AVX-512 BF16 the CPU plugin either
+        # fails to compile a bfloat16 graph, with a message that names neither, or runs float32.
+        raise _not_on_this_cpu("f32", precision)
+    _check_quantize(quantize, precision, spec.dtype)
+    _openvino()
+    shown = int8_in_effect() if quantize == "int8" else precision_in_effect(DTYPES[precision], "cpu")
+    if quantize == "int8" and not int8_fast():
+        # Served all the same: the operator asked for it, and it still answers closely.
+        log.warning("--quantize int8 on a CPU without VNNI or AMX: %s", int8_in_effect())
+    root = spec.cache_dir / "openvino"
+    load = GraphLoad.begin("openvino", spec.model, started=started, root=root, threads=spec.threads, precision=shown)
+    graphs = _Graphs(load, precision, int8_recipe)
+    export, compiled = graphs.int8() if quantize == "int8" else graphs.float32()
+    engine = OpenVinoFillMaskEngine(load, export, compiled, precision=precision, quantize=quantize)
+    return load.finish(engine, f"openvino {engine.describe()['precision']}", "graph")

@@ -5,7 +5,7 @@ hidden states at the flat mask positions, and the masked-LM head on those rows o
 converted straight from the torch module (no ONNX file in between) and saved as OpenVINO IR
 (``model.xml`` and ``model.bin``, weights kept in float32) in ``<cache dir>/openvino/<key>/``,
 with the ONNX cache's guarantees: a content and versions key, an atomic publish, a corrupt entry
-converted again (onnx_export.export_to_cache). The precision is chosen when the graph is
+converted again (export_cache.export_to_cache). The precision is chosen when the graph is
 compiled, not here: float32 and bfloat16 share one entry.
 
 OpenVINO keeps the compiled model of each precision and thread count in the entry's
@@ -27,7 +27,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from .onnx_export import INPUTS, OUTPUT, MaskLogitsGraph, example_inputs, key_of, model_parts
+from .export_cache import key_of, model_parts
+from .onnx_export import INPUTS, OUTPUT, MaskLogitsGraph, example_inputs
 
 # Bump when the graph's layout (wrapper, inputs, outputs, conversion options) changes.
 EXPORT_FORMAT = 1

@@ -22,7 +22,7 @@ each class of CPU.
 
 The quantized graph is a cache entry of its own, keyed on the float32 graph's key, NNCF's version,
 the recipe and the calibration texts, with the float32 entry's guarantees
-(``onnx_export.export_to_cache``).
+(``export_cache.export_to_cache``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ import numpy as np
 
 from .base import pad_batch
 from .cpu import int8_fast
-from .onnx_export import INPUTS, key_of
+from .export_cache import key_of
+from .onnx_export import INPUTS, mask_index
 from .openvino_export import MODEL_FILE
 
 log = logging.getLogger(__name__)
@@ -179,8 +180,7 @@ def calibration_batches(tokenizer: Any) -> list[dict[str, np.ndarray]]:
     for start in range(0, len(encoded), CALIBRATION_BATCH):
         ids, attention = pad_batch(encoded[start : start + CALIBRATION_BATCH], tokenizer.pad_token_id)
         rows, cols = np.nonzero(ids == tokenizer.mask_token_id)
-        mask_index = (rows * ids.shape[1] + cols).astype(np.int64)
-        batches.append(dict(zip(INPUTS, (ids, attention, mask_index))))
+        batches.append(dict(zip(INPUTS, (ids, attention, mask_index(ids, rows, cols)))))
     return batches
 
 
@@ -189,8 +189,8 @@ def head_matmuls(model: Any) -> list[str]:
 
     Found by the graph's data flow, not by layer names, so that any architecture's head is.
     """
-    (mask_index,) = [p for p in model.get_parameters() if "mask_index" in p.output(0).get_names()]
-    downstream = {mask_index.get_friendly_name()}
+    (positions,) = [p for p in model.get_parameters() if "mask_index" in p.output(0).get_names()]
+    downstream = {positions.get_friendly_name()}
     found = []
     for op in model.get_ordered_ops():  # topological order: producers before consumers
         if any(value.get_node().get_friendly_name() in downstream for value in op.input_values()):

@@ -14,7 +14,8 @@ import torch
 from transformers import PreTrainedModel
 
 from .base import pad_batch, probe_texts
-from .onnx_export import ExportFailed
+from .export_cache import ExportFailed
+from .onnx_export import mask_index
 
 # (input_ids, attention_mask, flat mask positions) -> logits at the masks, one row per mask.
 RunGraph = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
@@ -39,7 +40,7 @@ class Probe:
         largest = 0.0
         for (ids, attention), expected in zip(self.batches, self.expected):
             rows, cols = np.nonzero(ids == self.mask_token_id)
-            got = torch.from_numpy(np.asarray(run(ids, attention, (rows * ids.shape[1] + cols).astype(np.int64))))
+            got = torch.from_numpy(np.asarray(run(ids, attention, mask_index(ids, rows, cols))))
             if got.shape != expected.shape:
                 raise ExportFailed(f"the exported graph answers shape {tuple(got.shape)}, not {tuple(expected.shape)}")
             worst = float((got.float().softmax(-1) - expected).abs().max())

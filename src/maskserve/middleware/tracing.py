@@ -12,18 +12,50 @@ response as the client got it, and it raises nothing of its own.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from opentelemetry import trace
+from opentelemetry.instrumentation.aiohttp_server import AioHttpServerInstrumentor, create_aiohttp_middleware
 
 from ..keys import service_of, state_of
 from ..tracing import ExporterFactory, Tracing, trace_id, tracer_provider
 
+
+@dataclass(frozen=True)
+class AppTracing:
+    """The stage's state on one app: its tracing, and the middleware that opens the HTTP spans."""
+
+    tracing: Tracing
+    # Opens the HTTP server span of each request, continuing an incoming traceparent.
+    http_spans: Middleware
+
+    @classmethod
+    def start(cls, exporters: Sequence[ExporterFactory]) -> AppTracing:
+        provider = tracer_provider([make() for make in exporters])
+        _initialise_instrumentation()
+        return cls(Tracing(provider), create_aiohttp_middleware(tracer_provider=provider))
+
+
 # The stage's own state on the app. Declared here rather than in keys.py, which must import without
 # the OpenTelemetry SDK (an extra); nothing outside this stage reads it.
-TRACING_KEY = web.AppKey("tracing", Tracing)
+TRACING_KEY = web.AppKey("tracing", AppTracing)
+
+
+def _initialise_instrumentation() -> None:
+    """Set up the instrumentation package's module state (its URL exclusions, its meters) without
+    leaving its patch of ``web.Application`` in place: maskserve puts its middleware in the chain."""
+    instrumentor = AioHttpServerInstrumentor()
+    if not instrumentor.is_instrumented_by_opentelemetry:
+        with warnings.catch_warnings():
+            # instrument() subclasses web.Application for its patch, which aiohttp discourages with
+            # a DeprecationWarning; the patch is undone on the next line and never used.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            instrumentor.instrument()
+        instrumentor.uninstrument()
 
 
 def tracing_middleware(exporters: Sequence[ExporterFactory]) -> Middleware:
@@ -38,7 +70,7 @@ def tracing_middleware(exporters: Sequence[ExporterFactory]) -> Middleware:
         async def traced(request: web.Request) -> web.StreamResponse:
             span = trace.get_current_span()
             record = state_of(request)
-            record.trace = state.request_trace(span)
+            record.trace = state.tracing.request_trace(span)
             record.trace_id = trace_id(span)
             response = await handler(request)
             error = record.error
@@ -49,7 +81,7 @@ def tracing_middleware(exporters: Sequence[ExporterFactory]) -> Middleware:
                     span.set_attribute("maskserve.refusal.reason", str(reason))
             return response
 
-        return await state.http_middleware(request, traced)
+        return await state.http_spans(request, traced)
 
     def setup_app(app: web.Application) -> None:
         # create_app calls this before it adds the inference context, so the provider outlives
@@ -66,11 +98,11 @@ def _tracing_context(
 ) -> Callable[[web.Application], contextlib.AbstractAsyncContextManager[None]]:
     @contextlib.asynccontextmanager
     async def context(app: web.Application) -> AsyncIterator[None]:
-        app[TRACING_KEY] = Tracing(tracer_provider([make() for make in exporters]))
+        app[TRACING_KEY] = AppTracing.start(exporters)
         try:
             yield
         finally:
-            app[TRACING_KEY].shutdown()
+            app[TRACING_KEY].tracing.shutdown()
 
     return context
 
@@ -78,4 +110,4 @@ def _tracing_context(
 async def _observe_batches(app: web.Application) -> None:
     # on_startup runs after every cleanup context has started, so the batcher exists by now.
     batcher = service_of(app).batcher
-    batcher.listeners.append(app[TRACING_KEY].observe(batcher.model))
+    batcher.listeners.append(app[TRACING_KEY].tracing.observe(batcher.model))

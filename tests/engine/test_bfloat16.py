@@ -18,7 +18,7 @@ from benchmarks.masked_sentences import masked_texts
 from maskserve.engine import FillMaskEngine, default_model_dir, load_engine
 from maskserve.engine.cpu import native_bf16, precision_in_effect
 
-from .conftest import load_openvino
+from ..conftest import load_openvino
 
 # The bound: bfloat16 may differ from float32, within these, on a trained model.
 MIN_TOP1_AGREEMENT = 0.99

@@ -15,8 +15,8 @@ import torch
 from maskserve.engine import FillMaskEngine, ModelLoadError, default_model_dir, load_engine, resolve_device
 from maskserve.model_api import Query
 
-from .conftest import EngineOf
-from .models import build_bert, build_maskless
+from ..conftest import EngineOf
+from ..models import build_bert, build_maskless
 
 Load = Callable[[str | None], FillMaskEngine]
 

@@ -20,10 +20,10 @@ from benchmarks.masked_sentences import masked_texts
 from maskserve.app import load_model
 from maskserve.engine import BackendUnavailable, default_model_dir
 from maskserve.engine.cpu import int8_fast, int8_in_effect, int8_kernels
-from maskserve.model_api import Query
+from maskserve.model_api import ModelSpec, Query
 from maskserve.settings import Settings
 
-from .conftest import HAS_OPENVINO, NO_OPENVINO, ClientFactory
+from ..conftest import HAS_OPENVINO, NO_OPENVINO, ClientFactory
 
 HAS_NNCF = importlib.util.find_spec("nncf") is not None
 pytestmark = [
@@ -45,8 +45,9 @@ MAX_SCORE_DIFFERENCE = {"AMX": 0.08, "AVX-512 VNNI": 0.08, "AVX-VNNI": 0.08, "AV
 MIN_MASKS = 400
 
 
-def load_int8(model: str | None, cache: Path, **options: Any) -> OpenVinoFillMaskEngine:
-    return load_openvino_engine(model, cache_dir=cache, threads=1, quantize="int8", **options)
+def load_int8(model: str | None, cache: Path, int8_recipe: Any = None, **options: Any) -> OpenVinoFillMaskEngine:
+    spec = ModelSpec(model=model, backend="openvino", cache_dir=cache, threads=1, quantize="int8", **options)
+    return load_openvino_engine(spec, int8_recipe=int8_recipe)
 
 
 def served_graph(engine: OpenVinoFillMaskEngine) -> Any:
@@ -113,7 +114,7 @@ def test_the_residual_products_are_found_by_data_flow_on_each_architecture(
     from transformers import AutoConfig
 
     folder = bert_dir if build == "bert" else roberta_dir
-    engine = load_openvino_engine(str(folder), cache_dir=tmp_path, threads=1)
+    engine = load_openvino_engine(ModelSpec(model=str(folder), backend="openvino", cache_dir=tmp_path, threads=1))
     model = served_graph(engine)
     found = openvino_quantize.residual_products(model)
     layers = AutoConfig.from_pretrained(str(folder)).num_hidden_layers
@@ -127,7 +128,11 @@ def test_the_residual_products_are_found_by_data_flow_on_each_architecture(
 def test_the_head_is_found_by_data_flow_on_each_architecture(
     build: str, bert_dir: Path, roberta_dir: Path, tmp_path: Path
 ) -> None:
-    engine = load_openvino_engine(str(bert_dir if build == "bert" else roberta_dir), cache_dir=tmp_path, threads=1)
+    engine = load_openvino_engine(
+        ModelSpec(
+            model=str(bert_dir if build == "bert" else roberta_dir), backend="openvino", cache_dir=tmp_path, threads=1
+        )
+    )
     head = openvino_quantize.head_matmuls(served_graph(engine))
     # The head's transform and its decoder over the vocabulary; nothing of the encoder.
     assert len(head) == 2, head
@@ -166,7 +171,7 @@ def test_second_load_reuses_the_int8_graph_without_quantizing(
     bert_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = load_int8(str(bert_dir), tmp_path)
-    float32 = load_openvino_engine(str(bert_dir), cache_dir=tmp_path, threads=1)
+    float32 = load_openvino_engine(ModelSpec(model=str(bert_dir), backend="openvino", cache_dir=tmp_path, threads=1))
     assert not first.export.reused and float32.export.reused  # the int8 graph was made from it
     assert first.export.key != float32.export.key
     assert first.export.meta["parts"]["quantize"] == "int8" and first.export.meta["parts"]["nncf"]

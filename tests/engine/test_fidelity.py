@@ -18,7 +18,7 @@ import transformers
 from maskserve.engine import FillMaskEngine, default_model_dir
 from maskserve.model_api import Query, TextPredictions
 
-from .conftest import EngineOf
+from ..conftest import EngineOf
 
 # Texts with "{m}" where the model's mask token goes: 1 word up to about 100 tokens.
 LONG = "the quick brown fox jumps over the lazy dog . " * 9
