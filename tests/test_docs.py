@@ -116,10 +116,10 @@ def test_the_readme_figures_are_the_committed_benchmark_results() -> None:
     assert ratio and livez
     assert f"takes {ratio.group(1)}× a full batch" in readme
     assert f"p99 {round(float(livez.group(1)))} ms" in readme
-    matrix = results("matrix-units.md")
     against_torch = {
         system: figure
-        for system, figure in re.findall(r"^\| 64 \| maskserve ([\w ]+) \| .* \| ([\d.]+×) \|$", matrix, re.M)
+        for name in ("matrix-units.md", "int8-serving-vnni.md")  # int8's figure: from its VNNI run
+        for system, figure in re.findall(r"^\| 64 \| maskserve ([\w ]+) \| .* \| ([\d.]+×) \|$", results(name), re.M)
     }
     agreement = results("agreement.md")
     rows = {line.split(" | ")[1]: line for line in readme.splitlines() if line.startswith("| ")}
@@ -134,3 +134,14 @@ def test_the_readme_figures_are_the_committed_benchmark_results() -> None:
         assert top1, engine
         assert row.split(" | ")[2].startswith(against_torch[system]), (row, against_torch[system])
         assert row.endswith(f"| {float(top1.group(1)):g}% |"), (row, top1.group(1))
+    # int8 by class of CPU: each row's speed and agreement are its class's recipe's in the report.
+    recipe = results("int8-recipe.md")
+    for kernels, name in (("AMX", "vnni"), ("AVX-512 VNNI", "vnni"), ("AVX2", "avx2")):
+        measured = re.search(
+            rf"^\| \w+ \| {kernels} \| .*\(the `{name}` recipe\) \| \d+/\d+ \(([\d.]+)%\) \| .* \| ([\d.]+×) \|$",
+            recipe,
+            re.M,
+        )
+        assert measured, kernels
+        [row] = [line for line in readme.splitlines() if line.startswith(f"| {kernels} ")]
+        assert row.endswith(f"| `{name}` | {measured.group(2)} | {measured.group(1)}% |"), (row, measured.groups())
