@@ -55,6 +55,14 @@ async def test_info_describes_model_runtime_settings_and_versions(make_client: C
         "drain_timeout_s": 10.0,
         "stall_timeout_s": 45.0,
     }
+    assert info["connections"] == {
+        "header_timeout_s": 10.0,
+        "body_timeout_s": 10.0,
+        "write_timeout_s": 60.0,
+        "keepalive_timeout_s": 15.0,
+        "max_connections": 1000,
+        "max_unsent_bytes": 32 * 1_048_576,
+    }
     versions = info["versions"]
     assert versions["maskserve"] == maskserve.__version__
     assert versions["torch"] == torch.__version__

@@ -76,6 +76,15 @@ def server_info(
             "drain_timeout_s": settings.drain_timeout,
             "stall_timeout_s": settings.stall_timeout,
         },
+        # What a client connection may take and hold (connections.py).
+        "connections": {
+            "header_timeout_s": settings.header_timeout,
+            "body_timeout_s": settings.body_timeout,
+            "write_timeout_s": settings.write_timeout,
+            "keepalive_timeout_s": settings.keepalive_timeout,
+            "max_connections": settings.max_connections,
+            "max_unsent_bytes": settings.max_unsent_bytes,
+        },
         "limits": {
             "max_body_bytes": settings.max_body_bytes,
             "max_text_chars": settings.max_text_chars,

@@ -168,9 +168,10 @@ def component_schemas(settings: Settings) -> dict[str, Schema]:
         },
         "Info": {
             "type": "object",
-            "required": ["model", "batching", "breaker", "limits", "versions"],
+            "required": ["model", "batching", "breaker", "connections", "limits", "versions"],
             "properties": {
-                name: {"type": ["object", "null"]} for name in ("model", "batching", "breaker", "limits", "versions")
+                name: {"type": ["object", "null"]}
+                for name in ("model", "batching", "breaker", "connections", "limits", "versions")
             },
         },
     }
