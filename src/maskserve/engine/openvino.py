@@ -262,11 +262,13 @@ def load_openvino_engine(spec: ModelSpec, *, int8_recipe: Int8Recipe | None = No
     quantize = spec.quantize
     require_cpu("openvino", spec.device)
     precision = _precision_for(spec.dtype)
+    # Settings that contradict each other are refused as such on every CPU, before what this
+    # CPU lacks.
+    _check_quantize(quantize, precision, spec.dtype)
     if precision == "bf16" and not native_bf16():
         # Refused before anything is loaded: without AMX or AVX-512 BF16 the CPU plugin either
         # fails to compile a bfloat16 graph, with a message that names neither, or runs float32.
         raise _not_on_this_cpu("f32", precision)
-    _check_quantize(quantize, precision, spec.dtype)
     _openvino()
     shown = int8_in_effect() if quantize == "int8" else precision_in_effect(DTYPES[precision], "cpu")
     if quantize == "int8" and not int8_fast():
