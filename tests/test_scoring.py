@@ -9,6 +9,7 @@ over the vocabulary, and the true token's value is its score; the text's score i
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import pytest
 import torch
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
-from maskserve.scoring import masked_copies, masked_positions, scored_positions, text_score
+from maskserve.scoring import masked_copies, masked_positions, scored_positions, text_score, text_scores
 
 from .conftest import ClientFactory, EngineOf
 
@@ -122,3 +123,14 @@ def test_the_score_is_the_sum_of_the_true_tokens_log_probabilities() -> None:
     score = text_score(copies, answers)  # type: ignore[arg-type]
     assert score.score == pytest.approx(-3 * 0.6931471805599453)
     assert [(t["token"], t["token_str"]) for t in score.tokens] == [(7, "a"), (8, "b")]
+
+
+def test_text_scores_split_one_list_of_answers_back_into_texts_in_order() -> None:
+    first = masked_copies(((101, 7, 102), (None, 0, None)), 4, "original")
+    second = masked_copies(((101, 8, 9, 102), (None, 0, 1, None)), 4, "original")
+    answers = [
+        [[{"score": p, "token": t, "token_str": "", "sequence": ""}]] for p, t in ((0.5, 7), (0.25, 8), (1.0, 9))
+    ]
+    scores = text_scores([first, second], answers)  # type: ignore[arg-type]
+    assert [s.score for s in scores] == pytest.approx([math.log(0.5), math.log(0.25)])
+    assert [[t["token"] for t in s.tokens] for s in scores] == [[7], [8, 9]]

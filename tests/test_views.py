@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Iterator
 from typing import Any
 
+import aiohttp
 import huggingface_hub
 import pytest
 from aiohttp.test_utils import TestClient
@@ -17,7 +18,7 @@ from maskserve.keys import SERVICE_KEY
 from maskserve.model_api import Query
 
 from .conftest import ClientFactory
-from .fakes import ControlledModel, wait_until_entered
+from .fakes import ControlledModel, wait_for_depth, wait_until_entered
 
 PARIS = "paris is the [MASK] of france."
 SCORE_TOLERANCE = 1e-5
@@ -284,3 +285,26 @@ async def test_score_is_admitted_on_the_cost_of_all_its_copies(
     assert response.status == 504
     assert model.batches == []
     assert (await client.post("/score", data=short_text)).status == 200
+
+
+async def test_an_abandoned_score_request_costs_no_forward_pass(
+    make_client: ClientFactory, bert_engine: FillMaskEngine
+) -> None:
+    model = ControlledModel(bert_engine)
+    client = await make_client(engine=model)
+    batcher = client.app[SERVICE_KEY].batcher
+    model.hold()
+    try:
+        busy = asyncio.create_task(client.post("/", data="a [MASK] b."))
+        await wait_until_entered(model)
+        async with aiohttp.ClientSession() as other:
+            leaver = asyncio.create_task(other.post(client.make_url("/score"), data="the cat sleeps."))
+            await wait_for_depth(batcher, 4)  # its four copies
+            leaver.cancel()
+            await asyncio.gather(leaver, return_exceptions=True)
+    finally:
+        model.release()
+    assert (await busy).status == 200
+    assert (await client.post("/", data=PARIS)).status == 200
+    assert batcher.drops.abandoned == 4
+    assert sum(len(batch) for batch in model.batches) == 2

@@ -91,3 +91,15 @@ def text_score(copies: Sequence[Query], answers: Sequence[TextPredictions]) -> T
         log_p = math.log(prediction["score"]) if prediction["score"] > 0 else -1.7976931348623157e308
         tokens.append(TokenScore(token=prediction["token"], token_str=prediction["token_str"], score=log_p))
     return TextScore(score=math.fsum(t["score"] for t in tokens), tokens=tokens)
+
+
+def text_scores(per_text: Sequence[Sequence[Query]], answers: Sequence[TextPredictions]) -> list[TextScore]:
+    """Each text's score, from the answers to all texts' copies in one list, in the same order."""
+    scores: list[TextScore] = []
+    start = 0
+    for copies in per_text:
+        scores.append(text_score(copies, answers[start : start + len(copies)]))
+        start += len(copies)
+    if start != len(answers):
+        raise RuntimeError(f"{len(answers)} answers for {start} scoring copies; this is a bug")
+    return scores

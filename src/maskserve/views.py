@@ -14,7 +14,7 @@ from .keys import service_of, state_of
 from .metrics import merge_expositions
 from .schemas import FillMaskRequest, response_body
 from .score_schemas import score_response_body
-from .scoring import text_score
+from .scoring import text_scores
 from .work_queue import Answer
 
 log = logging.getLogger(__name__)
@@ -51,11 +51,7 @@ async def score(request: web.Request) -> web.Response:
         parsed = service.score_parser.parse(body, request_media_type(request))
         per_text = await service.score_copies(parsed)
     answers = await answer(request, [copy for copies in per_text for copy in copies])
-    scores, start = [], 0
-    for copies in per_text:
-        text_answers = answers[start : start + len(copies)]
-        scores.append(text_score(copies, [a.predictions for a in text_answers]))
-        start += len(copies)
+    scores = text_scores(per_text, [a.predictions for a in answers])
     return web.Response(
         body=score_response_body(parsed, scores), content_type="application/json", headers=timing_headers(answers)
     )
