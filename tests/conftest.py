@@ -18,7 +18,7 @@ from maskserve.engine.cpu import describe_features, int8_in_effect, isa_cap_in_e
 from maskserve.model_api import FillMaskModel, ModelSpec
 from maskserve.settings import Settings
 
-from .models import build_bert, build_roberta
+from .models import build_bert, build_roberta, build_xlmr
 
 ClientFactory = Callable[..., Awaitable[TestClient[web.Request, web.Application]]]
 EngineOf = Callable[[str], FillMaskEngine]
@@ -51,6 +51,27 @@ def bert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def roberta_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_roberta(tmp_path_factory.mktemp("roberta"))
+
+
+@pytest.fixture(scope="session")
+def wordpiece_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny BERT with WordPiece continuations, so that some words take several tokens."""
+    return build_bert(tmp_path_factory.mktemp("wordpiece"), subwords=("##s", "##ian", "##er", "##ing"))
+
+
+@pytest.fixture(scope="session")
+def xlmr_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_xlmr(tmp_path_factory.mktemp("xlmr"))
+
+
+@pytest.fixture(scope="session")
+def wordpiece_engine(wordpiece_dir: Path) -> FillMaskEngine:
+    return load_engine(str(wordpiece_dir), threads=1)
+
+
+@pytest.fixture(scope="session")
+def xlmr_engine(xlmr_dir: Path) -> FillMaskEngine:
+    return load_engine(str(xlmr_dir), threads=1)
 
 
 @pytest.fixture(scope="session")
@@ -94,6 +115,16 @@ def onnx_roberta_engine(roberta_dir: Path, export_cache: Path) -> FillMaskEngine
 
 
 @pytest.fixture(scope="session")
+def onnx_wordpiece_engine(wordpiece_dir: Path, export_cache: Path) -> FillMaskEngine:
+    return load_onnx(str(wordpiece_dir), export_cache)
+
+
+@pytest.fixture(scope="session")
+def onnx_xlmr_engine(xlmr_dir: Path, export_cache: Path) -> FillMaskEngine:
+    return load_onnx(str(xlmr_dir), export_cache)
+
+
+@pytest.fixture(scope="session")
 def onnx_default_engine(export_cache: Path) -> FillMaskEngine:
     return load_onnx(None, export_cache)
 
@@ -117,6 +148,16 @@ def ov_roberta_engine(roberta_dir: Path, export_cache: Path) -> FillMaskEngine:
 
 
 @pytest.fixture(scope="session")
+def ov_wordpiece_engine(wordpiece_dir: Path, export_cache: Path) -> FillMaskEngine:
+    return load_openvino(str(wordpiece_dir), export_cache)
+
+
+@pytest.fixture(scope="session")
+def ov_xlmr_engine(xlmr_dir: Path, export_cache: Path) -> FillMaskEngine:
+    return load_openvino(str(xlmr_dir), export_cache)
+
+
+@pytest.fixture(scope="session")
 def ov_default_engine(export_cache: Path) -> FillMaskEngine:
     return load_openvino(None, export_cache)
 
@@ -135,7 +176,8 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def engine_of(backend: str, request: pytest.FixtureRequest) -> EngineOf:
-    """``engine_of("bert" | "roberta" | "default")``: this session's engine of it on ``backend``."""
+    """``engine_of(name)``: this session's engine of that model ("bert", "roberta", "wordpiece", "xlmr",
+    "default") on ``backend``."""
 
     def get(model: str) -> FillMaskEngine:
         engine: FillMaskEngine = request.getfixturevalue(f"{ENGINE_PREFIX[backend]}{model}_engine")

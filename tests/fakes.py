@@ -21,7 +21,7 @@ from aiohttp.test_utils import TestClient
 
 from maskserve.batcher import Batcher
 from maskserve.keys import SERVICE_KEY
-from maskserve.model_api import FillMaskModel, Prediction, Progress, Query, TextPredictions
+from maskserve.model_api import FillMaskModel, Prediction, Progress, Query, TextPredictions, Words
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ class EchoModel:
 
     name = "echo"
     mask_token = "[MASK]"
+    mask_token_id = 4
     max_tokens = 512
 
     def __init__(self, costs: Costs = Costs(), word: str = "echo") -> None:
@@ -52,6 +53,10 @@ class EchoModel:
     def encode(self, text: str) -> tuple[int, ...]:
         # One token per word, plus [CLS]/[SEP]; "[MASK]" is token 4 as in BERT.
         return (101, *(4 if word == "[MASK]" else 1000 + len(word) for word in text.split()), 102)
+
+    def encode_words(self, text: str) -> Words:
+        ids = self.encode(text)
+        return ids, (None, *range(len(ids) - 2), None)
 
     def count_masks(self, input_ids: Sequence[int]) -> int:
         return sum(1 for i in input_ids if i == 4)
@@ -77,7 +82,8 @@ class EchoModel:
             time.sleep(costs.per_prediction_token * q.predictions * q.n_tokens)
             sequence = str(q.input_ids) if self.word == "echo" else self.word
             prediction = Prediction(score=1.0, token=sum(q.input_ids), token_str=self.word, sequence=sequence)
-            answers.append([[prediction] for _ in range(self.count_masks(q.input_ids))])
+            masks = 1 if q.answer_position is not None else self.count_masks(q.input_ids)
+            answers.append([[prediction] for _ in range(masks)])
         return answers
 
 
@@ -88,6 +94,7 @@ class ControlledModel:
         self.inner: FillMaskModel = inner if inner is not None else EchoModel()
         self.name = self.inner.name
         self.mask_token = self.inner.mask_token
+        self.mask_token_id = self.inner.mask_token_id
         self.max_tokens = self.inner.max_tokens
         self.batches: list[list[tuple[int, ...]]] = []
         self.gate = threading.Event()
@@ -103,6 +110,11 @@ class ControlledModel:
         if self.encode_error is not None:
             raise self.encode_error
         return self.inner.encode(text)
+
+    def encode_words(self, text: str) -> Words:
+        if self.encode_error is not None:
+            raise self.encode_error
+        return self.inner.encode_words(text)
 
     def count_masks(self, input_ids: Sequence[int]) -> int:
         return self.inner.count_masks(input_ids)

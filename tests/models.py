@@ -11,16 +11,20 @@ import json
 from pathlib import Path
 
 import torch
-from tokenizers import ByteLevelBPETokenizer
+from tokenizers import ByteLevelBPETokenizer, SentencePieceUnigramTokenizer
+from tokenizers.processors import TemplateProcessing
 from transformers import (
     AutoTokenizer,
     BertConfig,
     BertForMaskedLM,
     BertModel,
     BertTokenizerFast,
+    PreTrainedTokenizerFast,
     RobertaConfig,
     RobertaForMaskedLM,
     RobertaTokenizerFast,
+    XLMRobertaConfig,
+    XLMRobertaForMaskedLM,
 )
 
 WORDS = [
@@ -208,9 +212,10 @@ def _readable(model: torch.nn.Module, special_ids: list[int]) -> None:
         bias[special_ids] = -20.0
 
 
-def build_bert(folder: Path, *, seed: int = 0, with_head: bool = True) -> Path:
+def build_bert(folder: Path, *, seed: int = 0, with_head: bool = True, subwords: tuple[str, ...] = ()) -> Path:
+    """The tiny BERT; ``subwords`` ("##s") add WordPiece continuations, so some words take several tokens."""
     folder.mkdir(parents=True, exist_ok=True)
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(WORDS))
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(WORDS)) + list(subwords)
     vocab_file = folder / "vocab.txt"
     vocab_file.write_text("\n".join(vocab) + "\n", encoding="utf-8")
     tokenizer = BertTokenizerFast(str(vocab_file), do_lower_case=True)  # positional path: see the module docstring
@@ -265,6 +270,51 @@ def build_roberta(folder: Path, *, seed: int = 0) -> Path:
     )
     torch.manual_seed(seed)
     model = RobertaForMaskedLM(config)
+    _readable(model, [0, 1, 2, 3, 4])
+    model.save_pretrained(folder)
+    return folder
+
+
+def build_xlmr(folder: Path, *, seed: int = 0) -> Path:
+    """An XLM-R-style model: a SentencePiece Unigram tokenizer trained here, ``<s> ... </s>``, RoBERTa's body."""
+    folder.mkdir(parents=True, exist_ok=True)
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    unigram = SentencePieceUnigramTokenizer()
+    unigram.train_from_iterator(
+        CORPUS + [" ".join(WORDS)], vocab_size=300, special_tokens=specials, unk_token="<unk>", show_progress=False
+    )
+    unigram.post_processor = TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=unigram,
+        bos_token="<s>",
+        eos_token="</s>",
+        cls_token="<s>",
+        sep_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        mask_token="<mask>",
+    )
+    assert [tokenizer.convert_ids_to_tokens(i) for i in range(5)] == specials
+    assert tokenizer.decode(tokenizer("paris is the capital")["input_ids"], skip_special_tokens=True) == (
+        "paris is the capital"
+    )
+    tokenizer.save_pretrained(folder)
+    config = XLMRobertaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=130,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        type_vocab_size=1,
+    )
+    torch.manual_seed(seed)
+    model = XLMRobertaForMaskedLM(config)
     _readable(model, [0, 1, 2, 3, 4])
     model.save_pretrained(folder)
     return folder

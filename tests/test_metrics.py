@@ -217,3 +217,12 @@ async def test_every_exported_metric_is_in_the_operations_pages_table(make_clien
         exported.add(family.name + "_total" if family.type == "counter" else family.name)
     assert exported == documented
     assert "`process_*`" in section  # documented as a family
+
+
+async def test_score_requests_are_counted_under_their_own_route(make_client: ClientFactory) -> None:
+    client = await make_client()
+    assert (await client.post("/score", data="a dog")).status == 200
+    assert (await client.post("/score", json={"inputs": ""})).status == 422
+    samples = await scrape(client)
+    assert value(samples, "maskserve_requests_total", route="score", status="200", kind="ok") == 1
+    assert value(samples, "maskserve_requests_total", route="score", status="422", kind="invalid_input") == 1

@@ -22,6 +22,7 @@ from maskserve.keys import SERVICE_KEY
 from maskserve.openapi import Operation, openapi_document, router_operations
 from maskserve.routes import ROUTE_ROLES, served_operations
 from maskserve.schemas import request_schema
+from maskserve.scoring import masked_copies
 from maskserve.settings import Settings
 
 from .conftest import ClientFactory
@@ -212,12 +213,14 @@ async def test_every_documented_response_is_produced_and_matches_the_document(
     await docs.check(await client.post("/demo", data={"text": paris}, headers={"X-Request-Timeout": "0.2"}), 504)
     for infer in INFER_PATHS:
         await docs.check(await client.post(infer, json=infer_body(paris), headers={"X-Request-Timeout": "0.2"}), 504)
+    # POST /score: two scored tokens, two queued copies (the queue holds two).
+    await docs.check(await client.post("/score", data="a dog", headers={"X-Request-Timeout": "0.2"}), 504)
     # A full queue refuses at the door; a pass held past the stall budget fails the probes. (The
     # timed-out requests' slots are freed when the queue reaches its bound: two live ones fill it.)
     batcher = client.app[SERVICE_KEY].batcher
     queued = [asyncio.create_task(client.post("/", data="a [MASK] b.")) for _ in range(2)]
     for _ in range(500):  # the three timed-out texts discarded, both new ones queued
-        if batcher.drops.expired == 2 + len(INFER_PATHS) and batcher.depth == 2:
+        if batcher.drops.expired == 4 + len(INFER_PATHS) and batcher.depth == 2:
             break
         await asyncio.sleep(0.01)
     else:
@@ -226,6 +229,7 @@ async def test_every_documented_response_is_produced_and_matches_the_document(
     await docs.check(await client.post("/demo", data={"text": paris}), 503)
     for infer in INFER_PATHS:
         await docs.check(await client.post(infer, json=infer_body(paris)), 503)
+    await docs.check(await client.post("/score", data="a dog"), 503)
     await asyncio.sleep(0.3)
     await docs.check(await client.get("/livez"), 503)
     await docs.check(await client.get("/readyz"), 503)
@@ -261,6 +265,22 @@ async def test_every_documented_response_is_produced_and_matches_the_document(
     poisoned = "the [MASK] is poisoned."
     model.poisoned.add(bert_engine.encode(poisoned))
     await docs.check(await client.post("/", data=poisoned), 500)
+
+    # POST /score: raw text and JSON, one and several inputs, with and without tokens.
+    await docs.check(await client.post("/score", data="a dog"), 200)
+    for body in (
+        {"inputs": "a dog"},
+        {"inputs": ["dog", "cat"], "parameters": {"metric": "within_word_l2r", "tokens": True}},
+    ):
+        await docs.check(await client.post("/score", json=body), 200)
+    await docs.check(await client.post("/score", data=b'{"inputs": ', headers=json_headers), 400)
+    await docs.check(await client.post("/score", data=b"x" * 8192), 413)
+    for body in ({"inputs": ""}, {"inputs": "a dog", "parameters": {"metric": "l2r"}}, {"inputs": paris}):
+        await docs.check(await client.post("/score", json=body), 422)
+    model.poisoned.add(
+        masked_copies(bert_engine.encode_words("the cat"), bert_engine.mask_token_id, "original")[0].input_ids
+    )
+    await docs.check(await client.post("/score", data="the cat"), 500)
 
     # The demo page.
     await docs.check(await client.get("/", params={"text": paris}), 200)

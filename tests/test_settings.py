@@ -38,6 +38,7 @@ OTHER_VALUES: dict[str, tuple[str, object]] = {
     "default_top_k": ("2", 2),
     "max_masks_per_text": ("3", 3),
     "max_predictions": ("500", 500),
+    "max_score_tokens": ("50", 50),
     "max_response_bytes": ("65536", 65536),
     "warmup": ("false", False),
     "agent_port": ("9101", 9101),
@@ -79,6 +80,7 @@ BAD_VALUES: dict[str, str] = {
     "default_top_k": "0",
     "max_masks_per_text": "0",
     "max_predictions": "-1",
+    "max_score_tokens": "0",
     "max_response_bytes": "4MB",
     "warmup": "perhaps",
     "agent_port": "65536",
@@ -249,6 +251,7 @@ def test_the_traces_exporter_falls_back_to_opentelemetrys_own_variable() -> None
 CONTRADICTIONS = [
     (["--max-inputs", "300"], {}, ("--max-inputs=300", "--max-queue=256 (the default)")),
     (["--max-queue", "10"], {}, ("--max-inputs=64 (the default)", "--max-queue=10")),
+    (["--max-score-tokens", "300"], {}, ("--max-score-tokens=300", "--max-queue=256 (the default)")),
     (["--default-top-k", "50", "--max-top-k", "10"], {}, ("--default-top-k=50", "--max-top-k=10")),
     (["--default-top-k", "8", "--max-predictions", "4"], {}, ("--default-top-k=8", "--max-predictions=4")),
     ([], {"MASKSERVE_MAX_BATCH_DELAY": "45"}, ("MASKSERVE_MAX_BATCH_DELAY=45.0", "--request-timeout=")),

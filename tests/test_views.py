@@ -1,4 +1,4 @@
-"""``POST /`` through the real app factory: raw text, the Inference API's JSON, and its clients."""
+"""``POST /`` and ``POST /score`` through the real app factory: raw text, the Inference API's JSON, and its clients."""
 
 from __future__ import annotations
 
@@ -6,15 +6,19 @@ import asyncio
 from collections.abc import Iterator
 from typing import Any
 
+import aiohttp
 import huggingface_hub
 import pytest
 from aiohttp.test_utils import TestClient
 from huggingface_hub import InferenceClient
 
+from maskserve.costs import BatchReport
 from maskserve.engine import FillMaskEngine
+from maskserve.keys import SERVICE_KEY
 from maskserve.model_api import Query
 
 from .conftest import ClientFactory
+from .fakes import ControlledModel, wait_for_depth, wait_until_entered
 
 PARIS = "paris is the [MASK] of france."
 SCORE_TOLERANCE = 1e-5
@@ -180,3 +184,127 @@ async def test_inference_client_fill_mask_works_unchanged(
     chosen = await asyncio.to_thread(hub.fill_mask, PARIS, top_k=2, targets=["dog", "city", "cat"])
     assert len(chosen) == 2
     assert_same_answers(as_dicts(chosen), direct(bert_engine, PARIS, 2, ["dog", "city", "cat"])[0])
+
+
+# POST /score: each text's pseudo-log-likelihood (its agreement with minicons is tests/test_scoring.py's).
+
+
+async def score_of(client: TestClient[Any, Any], **request: Any) -> Any:
+    response = await client.post("/score", **request)
+    assert response.status == 200, await response.text()
+    return await response.json()
+
+
+async def test_score_raw_text_body_scores_that_one_text(make_client: ClientFactory) -> None:
+    client = await make_client()
+    raw = await score_of(client, data="the cat sleeps.", headers={"Content-Type": "text/plain"})
+    assert raw == await score_of(client, json={"inputs": "the cat sleeps."})
+    assert set(raw) == {"score"} and raw["score"] < 0
+
+
+async def test_score_list_in_answers_a_list_in_order(make_client: ClientFactory) -> None:
+    client = await make_client()
+    texts = ["the cat sleeps.", "a dog", "paris is the capital of france."]
+    alone = [await score_of(client, json={"inputs": text, "parameters": {"tokens": True}}) for text in texts]
+    together = await score_of(client, json={"inputs": texts, "parameters": {"tokens": True}})
+    assert len(together) == len(texts)
+    for got, expected in zip(together, alone):
+        assert [t["token"] for t in got["tokens"]] == [t["token"] for t in expected["tokens"]]
+        assert got["score"] == pytest.approx(expected["score"], abs=1e-4)
+
+
+async def test_score_tokens_name_every_scored_token_in_text_order(
+    make_client: ClientFactory, bert_engine: FillMaskEngine
+) -> None:
+    client = await make_client()
+    answer = await score_of(client, json={"inputs": "the cat sleeps.", "parameters": {"tokens": True}})
+    ids = bert_engine.encode("the cat sleeps.")[1:-1]  # without [CLS] and [SEP]
+    assert [t["token"] for t in answer["tokens"]] == list(ids)
+    assert [t["token_str"] for t in answer["tokens"]] == ["the", "cat", "sleeps", "."]
+    assert answer["score"] == pytest.approx(sum(t["score"] for t in answer["tokens"]))
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "named"),
+    [
+        ({"inputs": "a dog", "parameters": {"metric": "l2r"}}, "parameters.metric", "original, within_word_l2r"),
+        ({"inputs": "   "}, "inputs", "empty"),
+        ({"inputs": ["a dog", ""]}, "inputs[1]", "empty"),
+        ({"inputs": "the cat sleeps in the house."}, "inputs", "--max-score-tokens"),
+        ({"inputs": "a dog", "parameters": {"top_k": 3}}, "parameters", "top_k"),
+    ],
+)
+async def test_score_bad_requests_answer_422_naming_the_problem(
+    make_client: ClientFactory, body: dict[str, Any], field: str, named: str
+) -> None:
+    client = await make_client(max_score_tokens=5)
+    response = await client.post("/score", json=body)
+    assert response.status == 422
+    error = await response.json()
+    assert error["field"] == field and named in error["error"]
+
+
+async def test_score_copies_share_batches_with_fill_mask_and_leave_its_answers_unchanged(
+    make_client: ClientFactory, bert_engine: FillMaskEngine
+) -> None:
+    model = ControlledModel(bert_engine)
+    client = await make_client(engine=model, max_batch_delay=0.05)
+    model.hold()
+    first = asyncio.create_task(client.post("/", data="a [MASK] b."))
+    await wait_until_entered(model)
+    # Queued behind the held pass, so both requests' texts are waiting when the next batch forms.
+    scoring = asyncio.create_task(client.post("/score", json={"inputs": "the cat sleeps."}))
+    filling = asyncio.create_task(client.post("/", data=PARIS))
+    while client.app[SERVICE_KEY].batcher.depth < 5:
+        await asyncio.sleep(0.01)
+    model.release()
+    responses = await asyncio.gather(first, scoring, filling)
+    assert [r.status for r in responses] == [200, 200, 200]
+    assert_same_answers(await responses[2].json(), direct(bert_engine, PARIS)[0])
+    assert any(len(batch) == 5 for batch in model.batches), model.batch_sizes()
+
+
+async def test_score_is_admitted_on_the_cost_of_all_its_copies(
+    make_client: ClientFactory, bert_engine: FillMaskEngine
+) -> None:
+    model = ControlledModel(bert_engine)
+    client = await make_client(engine=model, request_timeout=5.0)
+    batcher = client.app[SERVICE_KEY].batcher
+    # Measured: a pass takes 0.1 s plus 10 ms a token.
+    for tokens in (10, 20, 40):
+        batcher.cost.observe(
+            BatchReport(size=1, real_tokens=tokens, padded_tokens=tokens, seconds=0.1 + tokens * 0.01, failed=0)
+        )
+    # 30 copies of 32 tokens: about 10 s, though the text alone is one short pass.
+    long_text = "the dog " * 15
+    response = await client.post("/score", data=long_text)
+    assert response.status == 422 and (await response.json())["error_type"] == "request_too_costly"
+    # 8 copies of 10 tokens: about 1 s, fine for the server but not within the client's 0.3 s.
+    short_text = "the dog " * 4
+    response = await client.post("/score", data=short_text, headers={"X-Request-Timeout": "0.3"})
+    assert response.status == 504
+    assert model.batches == []
+    assert (await client.post("/score", data=short_text)).status == 200
+
+
+async def test_an_abandoned_score_request_costs_no_forward_pass(
+    make_client: ClientFactory, bert_engine: FillMaskEngine
+) -> None:
+    model = ControlledModel(bert_engine)
+    client = await make_client(engine=model)
+    batcher = client.app[SERVICE_KEY].batcher
+    model.hold()
+    try:
+        busy = asyncio.create_task(client.post("/", data="a [MASK] b."))
+        await wait_until_entered(model)
+        async with aiohttp.ClientSession() as other:
+            leaver = asyncio.create_task(other.post(client.make_url("/score"), data="the cat sleeps."))
+            await wait_for_depth(batcher, 4)  # its four copies
+            leaver.cancel()
+            await asyncio.gather(leaver, return_exceptions=True)
+    finally:
+        model.release()
+    assert (await busy).status == 200
+    assert (await client.post("/", data=PARIS)).status == 200
+    assert batcher.drops.abandoned == 4
+    assert sum(len(batch) for batch in model.batches) == 2

@@ -19,14 +19,14 @@ import-linter contracts in setup.cfg (``tox -e style``) hold the code to this ta
     deadlines                                             each request's deadline
     keys                                                  the two typed keys: the service, each request's record
     service | request_state                               the one handle on the request path | one request's record
-    schemas : oip_schemas                                 request parsing and validation, response shapes
+    schemas : oip_schemas : score_schemas                 request parsing and validation, response shapes
     traces : tracing                                      what handlers tell tracing; its OpenTelemetry side (extra)
     metrics                                               the Prometheus registry, fed by the batcher and a stage
     admission | connections                               may a request come in | each connection's time limits
     batcher | engine                                      the queue and batch loop (asyncio) | the model (torch)
     inference                                             the inference thread's side of a batch: isolate, post-process
     work_queue                                            the queue's records and one model's queue of them
-    costs                                                 what work costs: its quantities and the fitted cost model
+    costs | scoring                                       what work costs | a text's masked copies, scores summed
     settings | errors | model_api | packing | lifecycle   plain data: knobs, errors, model protocol, phase
 
 aiohttp is imported from the keys up, never by the service or below it; only the engine imports

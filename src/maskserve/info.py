@@ -92,6 +92,7 @@ def server_info(
             "max_top_k": settings.max_top_k,
             "max_targets": settings.max_targets,
             "default_top_k": settings.default_top_k,
+            "max_score_tokens": settings.max_score_tokens,
         },
         "versions": {
             "maskserve": __version__,

@@ -52,6 +52,9 @@ class Query:
     # How many mask tokens input_ids holds, as the parser counted them: with top_k and the
     # targets, it says how many predictions the text asks for, which is what its answer costs.
     n_masks: int = 1
+    # The one mask to answer, by its position in input_ids (a scoring copy masks a whole word's
+    # rest but reads one token); None answers every mask.
+    answer_position: int | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -67,6 +70,10 @@ class Query:
     def prediction_tokens(self) -> int:
         """Predictions x tokens: each prediction decodes the whole text again (its ``sequence``)."""
         return self.predictions * self.n_tokens
+
+
+# A text's token ids with special tokens, and each token's word index (None for special tokens).
+Words = tuple[tuple[int, ...], tuple[int | None, ...]]
 
 
 class Progress(Protocol):
@@ -105,10 +112,15 @@ class FillMaskModel(Protocol):
 
     name: str
     mask_token: str
+    mask_token_id: int
     max_tokens: int
 
     def encode(self, text: str) -> tuple[int, ...]:
         """Token ids of ``text`` with special tokens."""
+        ...
+
+    def encode_words(self, text: str) -> Words:
+        """Token ids of ``text`` with special tokens, and the word each token belongs to."""
         ...
 
     def count_masks(self, input_ids: Sequence[int]) -> int:
@@ -120,7 +132,8 @@ class FillMaskModel(Protocol):
         ...
 
     def predict(self, queries: Sequence[Query], progress: Progress | None = None) -> list[TextPredictions]:
-        """One :data:`TextPredictions` per query, in order, from one forward pass.
+        """One :data:`TextPredictions` per query, in order, from one forward pass (a query with
+        an ``answer_position`` gets that one mask's predictions).
 
         With ``progress``, the model reports the end of the forward pass and skips the rest of the
         work for any query no longer wanted (its answer is then an empty list).

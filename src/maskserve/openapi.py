@@ -122,6 +122,47 @@ def _fill_mask(settings: Settings, mask_token: str) -> Schema:
     }
 
 
+def _score(settings: Settings) -> Schema:
+    example = "Paris is the capital of France."
+    raw_text = {"schema": {"type": "string", "minLength": 1, "maxLength": settings.max_text_chars}, "example": example}
+    fill_mask = _fill_mask(settings, "[MASK]")
+    return {
+        "summary": "Score texts by their pseudo-log-likelihood under the model",
+        "description": (
+            "Each token but the special ones is masked in turn (`original`), or with the rest of its "
+            "word to its right (`within_word_l2r`); a token's score is the natural log-probability of "
+            "the true token there, and a text's score their sum. JSON (`Content-Type: application/json`) "
+            "or the raw text itself with any other content type. One string in, one object out; a list "
+            f"in, a list out, in order. Limits: at most {settings.max_inputs} inputs of at most "
+            f"{settings.max_text_chars} characters and {settings.max_score_tokens} scored tokens each, "
+            f"at most {settings.max_queue} scored tokens a request. Each scored token is one text's "
+            "work, admitted, timed out and batched like any other."
+        ),
+        "tags": ["inference"],
+        "parameters": fill_mask["parameters"],
+        "requestBody": {
+            "required": True,
+            "content": {
+                JSON: {
+                    "schema": ref("ScoreRequest"),
+                    "example": {"inputs": [example], "parameters": {"metric": "within_word_l2r", "tokens": True}},
+                },
+                "text/plain": raw_text,
+                "application/x-www-form-urlencoded": raw_text,
+            },
+        },
+        "responses": {
+            "200": ok("Each text's score.", JSON, ref("ScoreResponse"), **timing_headers()),
+            "400": error("The body is not UTF-8 or not JSON, or a header is unusable."),
+            "413": error(f"The body is larger than {settings.max_body_bytes} bytes (--max-body-bytes)."),
+            "422": error("Well-formed but unusable: an empty text, too many tokens, an unknown metric or field."),
+            "500": error("The model failed on this input (its batch neighbours were answered)."),
+            "503": error("Overloaded or shutting down: refused before the body is read.", retry_after()),
+            "504": error("The deadline passed before the answer was ready."),
+        },
+    }
+
+
 MODEL_PARAMETER = {
     "name": "model",
     "in": "path",
@@ -275,6 +316,7 @@ def _operations(settings: Settings, mask_token: str) -> dict[str, Schema]:
     not_found = {"404": error("No such path.")}
     return {
         "fill_mask": _fill_mask(settings, mask_token),
+        "score": _score(settings),
         "index": {
             "summary": "The demo page; ?text= and ?top_k= fill in the form without running the model",
             "tags": ["demo"],

@@ -13,6 +13,7 @@ from .errors import MaskserveError
 from .middleware.errors import REQUEST_ID_HEADER
 from .oip_schemas import DATATYPE, OUTPUT_NAME, infer_request_schema
 from .schemas import request_schema
+from .score_schemas import score_request_schema
 from .settings import Settings
 
 JSON = "application/json"
@@ -62,6 +63,37 @@ def component_schemas(settings: Settings) -> dict[str, Schema]:
             "anyOf": [
                 text_answer,
                 {"type": "array", "items": text_answer, "minItems": 1, "maxItems": settings.max_inputs},
+            ],
+        },
+        "ScoreRequest": score_request_schema(settings),
+        "TextScore": {
+            "description": "A text's pseudo-log-likelihood; `tokens` (when asked for) each scored token's.",
+            "type": "object",
+            "required": ["score"],
+            "additionalProperties": False,
+            "properties": {
+                "score": {"type": "number", "maximum": 0},
+                "tokens": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["token", "token_str", "score"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "token": {"type": "integer", "minimum": 0},
+                            "token_str": {"type": "string"},
+                            "score": {"type": "number", "maximum": 0},
+                        },
+                    },
+                    "maxItems": settings.max_score_tokens,
+                },
+            },
+        },
+        "ScoreResponse": {
+            "description": "One text's score for a string in; a list of them, in order, for a list in.",
+            "anyOf": [
+                ref("TextScore"),
+                {"type": "array", "items": ref("TextScore"), "minItems": 1, "maxItems": settings.max_inputs},
             ],
         },
         "Error": {

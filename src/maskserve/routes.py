@@ -12,7 +12,7 @@ ROUTE_ROLES = RouteRoles(
     # Routes that queue work for the model: the circuit-breaking stage may refuse these at the door,
     # and only these. Health, metrics, info and the demo page's GET are never shed; POST /demo asks
     # the same admission itself, to show a refusal inline.
-    inference=frozenset({"fill_mask", "oip_infer", "oip_infer_version"}),
+    inference=frozenset({"fill_mask", "score", "oip_infer", "oip_infer_version"}),
     # Open without an API key: probes (they cannot be expected to hold secrets) and the demo
     # page's GETs, which run nothing. Unknown paths need the key, so the routes cannot be mapped.
     public=frozenset(
@@ -35,6 +35,8 @@ def route_table() -> list[web.AbstractRouteDef]:
     """Every route the server has, named: a route's name is its OpenAPI operationId."""
     return [
         web.post("/", views.fill_mask, name="fill_mask"),
+        # Pseudo-log-likelihood: each text's masked copies go through the same admission and batcher.
+        web.post("/score", views.score, name="score"),
         # The demo page. The form posts to /demo, never to /: POST / reads any non-JSON body as
         # raw text, so a urlencoded form there would be filled in, not decoded (see page.py).
         # POST /demo asks admission itself, to show a refusal inline.

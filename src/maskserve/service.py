@@ -24,6 +24,7 @@ from .metrics import Metrics, Peers
 from .model_api import FillMaskModel, Query
 from .oip_schemas import InferRequestParser
 from .schemas import FillMaskRequest, RequestParser
+from .score_schemas import ScoreRequest, ScoreRequestParser
 from .settings import Settings
 from .traces import RequestTrace
 from .work_queue import Answer
@@ -73,6 +74,8 @@ class FillMaskService:
         self.parser = RequestParser(settings)
         # The Open Inference Protocol's infer request parser, with the same limits.
         self.oip_parser = InferRequestParser(settings)
+        # POST /score's parser: texts into masked copies, with the same limits and its own.
+        self.score_parser = ScoreRequestParser(settings)
         # Set by the route table (routes.py).
         self.routes = RouteRoles()
         # With --workers: the other worker processes, so that /metrics reports the whole server.
@@ -122,6 +125,16 @@ class FillMaskService:
             return self.parser.queries(parsed, parts.model)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(parts.tokenizer, self.parser.queries, parsed, parts.model)
+
+    async def score_copies(self, parsed: ScoreRequest) -> list[list[Query]]:
+        """Tokenize a parsed ``/score`` request's texts into their masked copies (a 4xx names the
+        first problem), off the event loop unless they are short: a text's copies grow with the
+        square of its length."""
+        parts = self._parts()
+        if sum(len(text) for text in parsed.texts) <= INLINE_TOKENIZE_CHARS:
+            return self.score_parser.copies(parsed, parts.model)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(parts.tokenizer, self.score_parser.copies, parsed, parts.model)
 
     async def answer(self, queries: Sequence[Query], deadline: float, trace: RequestTrace) -> list[Answer]:
         """Admit a request on its whole cost, queue its texts and wait for their answers, traced."""

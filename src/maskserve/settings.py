@@ -288,6 +288,12 @@ class Settings:
         "Most predictions one request may ask for: texts x masks x top_k. Each prediction carries the "
         "whole text decoded again (its 'sequence'), so this bounds the work after the forward pass.",
     )
+    max_score_tokens: int = _setting(
+        64,
+        _positive_int,
+        "Most tokens POST /score scores in one text. Each token is one masked copy of the whole text, "
+        "queued and read like a text of its own, so a text's cost grows with the square of its length.",
+    )
     max_response_bytes: int = _setting(
         4 * 1_048_576,
         _positive_int,
@@ -494,6 +500,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "default_top_k",
         "max_masks_per_text",
         "max_predictions",
+        "max_score_tokens",
         "max_response_bytes",
     ),
     "server": ("host", "port", "workers", "drain_delay", "drain_timeout", "middleware", "api_key", "cors_origins"),
@@ -554,6 +561,12 @@ def contradictions(settings: Settings) -> Iterator[tuple[str, str, str]]:
                 f"a request of more than {settings.max_queue} texts would be admitted by the limits and then "
                 "refused 503 forever, since the queue can never hold it"
             ),
+        )
+    if settings.max_score_tokens > settings.max_queue:
+        yield (
+            "max_score_tokens",
+            "max_queue",
+            "each scored token is one queued copy of its text, so a text at the limit could never be queued",
         )
     if settings.default_top_k > settings.max_top_k:
         yield "default_top_k", "max_top_k", "a request that names no top_k would ask for more than any request may"

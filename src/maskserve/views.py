@@ -1,4 +1,5 @@
-"""The API's handlers, `POST /` and `GET /metrics`: they parse, ask the service and shape; never torch."""
+"""The API's handlers, `POST /`, `POST /score` and `GET /metrics`: they parse, ask the service and
+shape; never torch."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from .handling import answer, read_body, request_media_type, timing_headers
 from .keys import service_of, state_of
 from .metrics import merge_expositions
 from .schemas import FillMaskRequest, response_body
+from .score_schemas import score_response_body
+from .scoring import text_scores
 from .work_queue import Answer
 
 log = logging.getLogger(__name__)
@@ -37,6 +40,21 @@ async def fill_mask(request: web.Request) -> web.Response:
         queries = await service.queries(parsed)
     answers = await answer(request, queries)
     return json_answer(service.settings.max_response_bytes, parsed, answers)
+
+
+async def score(request: web.Request) -> web.Response:
+    """``POST /score``: each text's pseudo-log-likelihood. Its masked copies are fill-mask queries,
+    admitted on their whole cost and batched with every other text."""
+    service = service_of(request.app)
+    with state_of(request).trace.step("maskserve.parse"):
+        body = await read_body(request)
+        parsed = service.score_parser.parse(body, request_media_type(request))
+        per_text = await service.score_copies(parsed)
+    answers = await answer(request, [copy for copies in per_text for copy in copies])
+    scores = text_scores(per_text, [a.predictions for a in answers])
+    return web.Response(
+        body=score_response_body(parsed, scores), content_type="application/json", headers=timing_headers(answers)
+    )
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -21,7 +21,7 @@ import torch
 import transformers
 from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel
 
-from ..model_api import Prediction, Progress, Query, TextPredictions
+from ..model_api import Prediction, Progress, Query, TextPredictions, Words
 from .cpu import describe_features, precision_in_effect
 
 log = logging.getLogger(__name__)
@@ -276,6 +276,11 @@ class FillMaskEngine:
         ids: list[int] = self.tokenizer(text, return_attention_mask=False, return_token_type_ids=False)["input_ids"]
         return tuple(ids)
 
+    def encode_words(self, text: str) -> Words:
+        """Token ids of ``text`` with special tokens, and each token's word (None: a special token)."""
+        encoding = self.tokenizer(text, return_attention_mask=False, return_token_type_ids=False)
+        return tuple(encoding["input_ids"]), tuple(encoding.word_ids())
+
     def count_masks(self, input_ids: Sequence[int]) -> int:
         return sum(1 for i in input_ids if i == self.mask_token_id)
 
@@ -358,6 +363,8 @@ class FillMaskEngine:
             text_result: TextPredictions = []
             single_mask = bounds[index + 1] - bounds[index] == 1
             for mask_row in range(bounds[index], bounds[index + 1]):
+                if query.answer_position is not None and int(cols[mask_row]) != query.answer_position:
+                    continue
                 if progress is not None and not progress.wanted(index):
                     text_result = []
                     break

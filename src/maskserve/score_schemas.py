@@ -1,0 +1,150 @@
+"""``POST /score``'s request parsing and validation, and its answer's shape. Knows neither aiohttp nor torch.
+
+Two request forms, as for ``POST /``: a raw text body scores that one text; JSON is
+``{"inputs": str | [str], "parameters": {"metric": "original" | "within_word_l2r", "tokens": bool}}``.
+Everything is checked here, before anything is queued, so a bad input fails alone with a 4xx that
+names it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+
+from .errors import InvalidBody, InvalidInput, TextTooLong
+from .model_api import FillMaskModel, Query
+from .schemas import JSON_CONTENT_TYPES, load_json, schema_error
+from .scoring import METRICS, Metric, TextScore, masked_copies
+from .settings import Settings
+
+DEFAULT_METRIC: Metric = "original"
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """A parsed ``/score`` request: the texts, whether they came as a list, and the answer parameters."""
+
+    texts: tuple[str, ...]
+    batched: bool
+    metric: Metric = DEFAULT_METRIC
+    tokens: bool = False
+
+
+def score_request_schema(settings: Settings) -> dict[str, Any]:
+    """The JSON schema of a ``/score`` body, with this server's limits."""
+    text = {"type": "string"}
+    return {
+        "type": "object",
+        "required": ["inputs"],
+        "additionalProperties": False,
+        "x-messages": {"required": 'the JSON body needs "inputs": a string or a list of strings'},
+        "properties": {
+            "inputs": {
+                "oneOf": [text, {"type": "array", "items": text, "minItems": 1, "maxItems": settings.max_inputs}],
+                "x-messages": {"oneOf": "inputs must be a string or a non-empty list of strings"},
+            },
+            "parameters": {
+                "type": ["object", "null"],
+                "additionalProperties": False,
+                "properties": {
+                    "metric": {
+                        "enum": [*METRICS, None],
+                        "x-messages": {"enum": f"parameters.metric must be one of {', '.join(METRICS)}"},
+                    },
+                    "tokens": {"type": ["boolean", "null"]},
+                },
+            },
+        },
+    }
+
+
+class ScoreRequestParser:
+    """Turns a body into a :class:`ScoreRequest`, and its texts into masked copies, or raises a 4xx."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._validator = jsonschema.Draft202012Validator(score_request_schema(settings))
+
+    def parse(self, body: bytes, content_type: str) -> ScoreRequest:
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidBody(f"the body is not valid UTF-8 (byte {exc.start})") from None
+        if content_type.lower() not in JSON_CONTENT_TYPES:
+            return ScoreRequest(texts=(text,), batched=False)
+        document = load_json(text, self.settings.max_json_depth)
+        listed = document.get("inputs") if isinstance(document, dict) else None
+        # Before schema validation, whose cost grows with every item (as for POST /).
+        if isinstance(listed, list) and len(listed) > self.settings.max_inputs:
+            raise InvalidInput(f"inputs holds more than {self.settings.max_inputs} items", field="inputs")
+        error = jsonschema.exceptions.best_match(self._validator.iter_errors(document))
+        if error is not None:
+            raise schema_error(error)
+        inputs: str | list[str] = document["inputs"]
+        parameters = document.get("parameters") or {}
+        metric = parameters.get("metric")
+        return ScoreRequest(
+            texts=(inputs,) if isinstance(inputs, str) else tuple(inputs),
+            batched=not isinstance(inputs, str),
+            metric=DEFAULT_METRIC if metric is None else metric,
+            tokens=bool(parameters.get("tokens")),
+        )
+
+    def copies(self, request: ScoreRequest, model: FillMaskModel) -> list[list[Query]]:
+        """Tokenize and check every text: per text, its masked copies, or the first problem."""
+        many = len(request.texts) > 1
+        per_text = [
+            self._copies(text, f"inputs[{index}]" if many else None, request.metric, model)
+            for index, text in enumerate(request.texts)
+        ]
+        total = sum(len(copies) for copies in per_text)
+        if total > self.settings.max_queue:
+            # Every copy is a queued text: more than the queue holds would be refused 503 forever.
+            raise InvalidInput(
+                f"this request scores {total} tokens in all; the limit is {self.settings.max_queue} a request "
+                "(--max-queue): send fewer or shorter texts",
+                field="inputs",
+            )
+        return per_text
+
+    def _copies(self, text: str, element: str | None, metric: Metric, model: FillMaskModel) -> list[Query]:
+        where, field = element or "the text", element or "inputs"
+        if not text.strip():
+            raise InvalidInput(f"{where} is empty; send a sentence to score", field=field)
+        if len(text) > self.settings.max_text_chars:
+            raise TextTooLong(
+                f"{where} has {len(text)} characters; the limit is {self.settings.max_text_chars}", field=field
+            )
+        words = model.encode_words(text)
+        if len(words[0]) > model.max_tokens:
+            raise TextTooLong(
+                f"{where} has {len(words[0])} tokens; this model reads at most {model.max_tokens}", field=field
+            )
+        copies = masked_copies(words, model.mask_token_id, metric)
+        if len(copies) > self.settings.max_score_tokens:
+            raise TextTooLong(
+                f"{where} has {len(copies)} tokens to score; the limit is {self.settings.max_score_tokens} "
+                "(--max-score-tokens)",
+                field=field,
+            )
+        if not copies:
+            raise InvalidInput(f"{where} holds no token to score", field=field)
+        return copies
+
+
+def text_score_json(score: TextScore, with_tokens: bool) -> dict[str, Any]:
+    """One text's answer: its score, and each token's when asked for."""
+    answer: dict[str, Any] = {"score": score.score}
+    if with_tokens:
+        answer["tokens"] = score.tokens
+    return answer
+
+
+def score_response_body(request: ScoreRequest, scores: Sequence[TextScore]) -> bytes:
+    """One object for one string in, a list in order for a list in."""
+    answers = [text_score_json(score, request.tokens) for score in scores]
+    return json.dumps(answers if request.batched else answers[0]).encode()
