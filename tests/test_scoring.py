@@ -35,7 +35,8 @@ MODELS = ("wordpiece", "roberta", "xlmr")
 def hf_model(folder: Path) -> tuple[Any, Any]:
     """The folder's tokenizer and masked-LM model in float32, straight from transformers."""
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    return tokenizer, AutoModelForMaskedLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    # float32 as built; the loading keyword for a dtype differs across the supported transformers.
+    return tokenizer, AutoModelForMaskedLM.from_pretrained(str(folder)).float().eval()
 
 
 def oracle(folder: Path, text: str, metric: str) -> list[float]:
