@@ -44,8 +44,9 @@ class FillMaskRequest:
     location: str = "inputs"
 
 
-def request_schema(settings: Settings) -> dict[str, Any]:
-    """The JSON schema of the Inference API body, with this server's limits."""
+def inputs_body_schema(settings: Settings, properties: dict[str, Any]) -> dict[str, Any]:
+    """A JSON body of ``"inputs"`` (one text or a list of them, within this server's limit) and
+    ``properties`` beside it: the shape every text route takes."""
     text = {"type": "string"}
     return {
         "type": "object",
@@ -57,6 +58,17 @@ def request_schema(settings: Settings) -> dict[str, Any]:
                 "oneOf": [text, {"type": "array", "items": text, "minItems": 1, "maxItems": settings.max_inputs}],
                 "x-messages": {"oneOf": "inputs must be a string or a non-empty list of strings"},
             },
+            **properties,
+        },
+    }
+
+
+def request_schema(settings: Settings) -> dict[str, Any]:
+    """The JSON schema of the Inference API body, with this server's limits."""
+    text = {"type": "string"}
+    return inputs_body_schema(
+        settings,
+        {
             "parameters": {
                 "type": ["object", "null"],
                 "additionalProperties": False,
@@ -75,7 +87,7 @@ def request_schema(settings: Settings) -> dict[str, Any]:
             # Older Inference API clients send {"options": {"wait_for_model": true}}; nothing to do.
             "options": {"type": ["object", "null"]},
         },
-    }
+    )
 
 
 def json_depth(document: Any, limit: int) -> int:
@@ -158,6 +170,39 @@ def schema_error(error: jsonschema.ValidationError) -> InvalidInput:
     return InvalidInput(message, field=field)
 
 
+def decode_body(body: bytes) -> str:
+    """The body as text; a 400 when it is not UTF-8."""
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidBody(f"the body is not valid UTF-8 (byte {exc.start})") from None
+
+
+def check_inputs_count(document: Any, limit: int) -> None:
+    """Refuse an over-long "inputs" list before schema validation, whose cost grows with every
+    item: a body-sized list of numbers held the event loop for seconds (found by fuzzing)."""
+    inputs = document.get("inputs") if isinstance(document, dict) else None
+    if isinstance(inputs, list) and len(inputs) > limit:
+        raise InvalidInput(f"inputs holds more than {limit} items", field="inputs")
+
+
+def validate(validator: jsonschema.Draft202012Validator, document: Any) -> None:
+    """Raise the 4xx of the most relevant schema error of ``document``, if it has one."""
+    error = jsonschema.exceptions.best_match(validator.iter_errors(document))
+    if error is not None:
+        raise schema_error(error)
+
+
+def check_text_length(text: str, where: str, field: str, max_chars: int) -> None:
+    if len(text) > max_chars:
+        raise TextTooLong(f"{where} has {len(text)} characters; the limit is {max_chars}", field=field)
+
+
+def check_token_count(tokens: int, where: str, field: str, model: FillMaskModel) -> None:
+    if tokens > model.max_tokens:
+        raise TextTooLong(f"{where} has {tokens} tokens; this model reads at most {model.max_tokens}", field=field)
+
+
 class RequestParser:
     """Turns a body and its content type into a :class:`FillMaskRequest`, or raises a 4xx."""
 
@@ -166,10 +211,7 @@ class RequestParser:
         self._validator = jsonschema.Draft202012Validator(request_schema(settings))
 
     def parse(self, body: bytes, content_type: str) -> FillMaskRequest:
-        try:
-            text = body.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InvalidBody(f"the body is not valid UTF-8 (byte {exc.start})") from None
+        text = decode_body(body)
         if content_type.lower() in JSON_CONTENT_TYPES:
             return self._parse_json(text)
         return FillMaskRequest(texts=(text,), batched=False, top_k=self.settings.default_top_k, targets=None)
@@ -177,9 +219,7 @@ class RequestParser:
     def _parse_json(self, text: str) -> FillMaskRequest:
         document = load_json(text, self.settings.max_json_depth)
         self._check_list_lengths(document)
-        error = jsonschema.exceptions.best_match(self._validator.iter_errors(document))
-        if error is not None:
-            raise schema_error(error)
+        validate(self._validator, document)
         inputs = document["inputs"]
         parameters = document.get("parameters") or {}
         targets = parameters.get("targets")
@@ -192,13 +232,10 @@ class RequestParser:
         )
 
     def _check_list_lengths(self, document: Any) -> None:
-        """Refuse over-long lists before schema validation, whose cost grows with every item: a
-        body-sized list of numbers in "inputs" held the event loop for seconds (found by fuzzing)."""
+        """Refuse over-long lists before schema validation (see :func:`check_inputs_count`)."""
+        check_inputs_count(document, self.settings.max_inputs)
         if not isinstance(document, dict):
             return
-        inputs = document.get("inputs")
-        if isinstance(inputs, list) and len(inputs) > self.settings.max_inputs:
-            raise InvalidInput(f"inputs holds more than {self.settings.max_inputs} items", field="inputs")
         parameters = document.get("parameters")
         targets = parameters.get("targets") if isinstance(parameters, dict) else None
         if isinstance(targets, list) and len(targets) > self.settings.max_targets:
@@ -263,19 +300,13 @@ class RequestParser:
         top_k = request.top_k
         if not text.strip():
             raise InvalidInput(f"{where} is empty; send a sentence with {model.mask_token} in it", field=field)
-        if len(text) > self.settings.max_text_chars:
-            raise TextTooLong(
-                f"{where} has {len(text)} characters; the limit is {self.settings.max_text_chars}", field=field
-            )
+        check_text_length(text, where, field, self.settings.max_text_chars)
         if model.mask_token not in text:
             raise NoMaskToken(
                 f"{where} holds no mask token; put {model.mask_token} where a word should be filled in", field=field
             )
         input_ids = model.encode(text)
-        if len(input_ids) > model.max_tokens:
-            raise TextTooLong(
-                f"{where} has {len(input_ids)} tokens; this model reads at most {model.max_tokens}", field=field
-            )
+        check_token_count(len(input_ids), where, field, model)
         masks = model.count_masks(input_ids)
         if masks == 0:
             raise NoMaskToken(f"{where} holds no usable mask token; write {model.mask_token} exactly", field=field)

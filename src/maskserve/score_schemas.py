@@ -15,9 +15,18 @@ from typing import Any
 
 import jsonschema
 
-from .errors import InvalidBody, InvalidInput, TextTooLong
+from .errors import InvalidInput, TextTooLong
 from .model_api import FillMaskModel, Query
-from .schemas import JSON_CONTENT_TYPES, load_json, schema_error
+from .schemas import (
+    JSON_CONTENT_TYPES,
+    check_inputs_count,
+    check_text_length,
+    check_token_count,
+    decode_body,
+    inputs_body_schema,
+    load_json,
+    validate,
+)
 from .scoring import METRICS, Metric, TextScore, masked_copies
 from .settings import Settings
 
@@ -36,17 +45,9 @@ class ScoreRequest:
 
 def score_request_schema(settings: Settings) -> dict[str, Any]:
     """The JSON schema of a ``/score`` body, with this server's limits."""
-    text = {"type": "string"}
-    return {
-        "type": "object",
-        "required": ["inputs"],
-        "additionalProperties": False,
-        "x-messages": {"required": 'the JSON body needs "inputs": a string or a list of strings'},
-        "properties": {
-            "inputs": {
-                "oneOf": [text, {"type": "array", "items": text, "minItems": 1, "maxItems": settings.max_inputs}],
-                "x-messages": {"oneOf": "inputs must be a string or a non-empty list of strings"},
-            },
+    return inputs_body_schema(
+        settings,
+        {
             "parameters": {
                 "type": ["object", "null"],
                 "additionalProperties": False,
@@ -59,7 +60,7 @@ def score_request_schema(settings: Settings) -> dict[str, Any]:
                 },
             },
         },
-    }
+    )
 
 
 class ScoreRequestParser:
@@ -70,20 +71,12 @@ class ScoreRequestParser:
         self._validator = jsonschema.Draft202012Validator(score_request_schema(settings))
 
     def parse(self, body: bytes, content_type: str) -> ScoreRequest:
-        try:
-            text = body.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InvalidBody(f"the body is not valid UTF-8 (byte {exc.start})") from None
+        text = decode_body(body)
         if content_type.lower() not in JSON_CONTENT_TYPES:
             return ScoreRequest(texts=(text,), batched=False)
         document = load_json(text, self.settings.max_json_depth)
-        listed = document.get("inputs") if isinstance(document, dict) else None
-        # Before schema validation, whose cost grows with every item (as for POST /).
-        if isinstance(listed, list) and len(listed) > self.settings.max_inputs:
-            raise InvalidInput(f"inputs holds more than {self.settings.max_inputs} items", field="inputs")
-        error = jsonschema.exceptions.best_match(self._validator.iter_errors(document))
-        if error is not None:
-            raise schema_error(error)
+        check_inputs_count(document, self.settings.max_inputs)
+        validate(self._validator, document)
         inputs: str | list[str] = document["inputs"]
         parameters = document.get("parameters") or {}
         metric = parameters.get("metric")
@@ -115,15 +108,9 @@ class ScoreRequestParser:
         where, field = element or "the text", element or "inputs"
         if not text.strip():
             raise InvalidInput(f"{where} is empty; send a sentence to score", field=field)
-        if len(text) > self.settings.max_text_chars:
-            raise TextTooLong(
-                f"{where} has {len(text)} characters; the limit is {self.settings.max_text_chars}", field=field
-            )
+        check_text_length(text, where, field, self.settings.max_text_chars)
         words = model.encode_words(text)
-        if len(words[0]) > model.max_tokens:
-            raise TextTooLong(
-                f"{where} has {len(words[0])} tokens; this model reads at most {model.max_tokens}", field=field
-            )
+        check_token_count(len(words[0]), where, field, model)
         copies = masked_copies(words, model.mask_token_id, metric)
         if len(copies) > self.settings.max_score_tokens:
             raise TextTooLong(
