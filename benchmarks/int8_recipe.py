@@ -86,17 +86,15 @@ def measure_class() -> list[dict[str, Any]]:
         batches = [queries[i : i + BATCH] for i in range(0, len(queries), BATCH)]
         engines: dict[str, Any] = {"float32": float32}
         rows = []
-        for index, (label, recipe) in enumerate(recipes()):
-            small = load_openvino_engine(
-                ModelSpec(
-                    model=str(default.path),
-                    backend="openvino",
-                    cache_dir=cache / str(index),
-                    threads=threads,
-                    quantize="int8",
-                ),
-                int8_recipe=recipe,
+
+        def int8(model: Path, index: int, recipe: Any) -> Any:
+            spec = ModelSpec(
+                model=str(model), backend="openvino", cache_dir=cache / str(index), threads=threads, quantize="int8"
             )
+            return load_openvino_engine(spec, int8_recipe=recipe)
+
+        for index, (label, recipe) in enumerate(recipes()):
+            small = int8(default.path, index, recipe)
             agreement = measure_agreement(small, texts, reference)
             rows.append(
                 {
@@ -107,16 +105,7 @@ def measure_class() -> list[dict[str, Any]]:
                     "largest": agreement.largest_score_difference,
                 }
             )
-            engines[label] = load_openvino_engine(
-                ModelSpec(
-                    model=str(base.path),
-                    backend="openvino",
-                    cache_dir=cache / str(index),
-                    threads=threads,
-                    quantize="int8",
-                ),
-                int8_recipe=recipe,
-            )
+            engines[label] = int8(base.path, index, recipe)
         seconds: dict[str, list[float]] = {name: [] for name in engines}
         for _ in range(ROUNDS):
             for name, engine in engines.items():
