@@ -8,6 +8,7 @@ tokenizer is checked for length and a round trip.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -19,6 +20,8 @@ from transformers import (
     BertForMaskedLM,
     BertModel,
     BertTokenizerFast,
+    PretrainedConfig,
+    PreTrainedModel,
     PreTrainedTokenizerFast,
     RobertaConfig,
     RobertaForMaskedLM,
@@ -242,6 +245,33 @@ def build_bert(folder: Path, *, seed: int = 0, with_head: bool = True, subwords:
     return folder
 
 
+def _save_roberta_body(
+    folder: Path,
+    model_class: type[PreTrainedModel],
+    config_class: Callable[..., PretrainedConfig],
+    vocab_size: int,
+    seed: int,
+) -> Path:
+    """A tiny RoBERTa-shaped masked LM (``<s>`` 0, ``<pad>`` 1, ``</s>`` 2), saved beside its tokenizer."""
+    config = config_class(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=130,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        type_vocab_size=1,
+    )
+    torch.manual_seed(seed)
+    model = model_class(config)
+    _readable(model, [0, 1, 2, 3, 4])
+    model.save_pretrained(folder)
+    return folder
+
+
 def build_roberta(folder: Path, *, seed: int = 0) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
@@ -256,23 +286,7 @@ def build_roberta(folder: Path, *, seed: int = 0) -> Path:
         " paris is the capital"
     )
     tokenizer.save_pretrained(folder)
-    config = RobertaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=130,
-        pad_token_id=1,
-        bos_token_id=0,
-        eos_token_id=2,
-        type_vocab_size=1,
-    )
-    torch.manual_seed(seed)
-    model = RobertaForMaskedLM(config)
-    _readable(model, [0, 1, 2, 3, 4])
-    model.save_pretrained(folder)
-    return folder
+    return _save_roberta_body(folder, RobertaForMaskedLM, RobertaConfig, len(tokenizer), seed)
 
 
 def build_xlmr(folder: Path, *, seed: int = 0) -> Path:
@@ -301,23 +315,7 @@ def build_xlmr(folder: Path, *, seed: int = 0) -> Path:
         "paris is the capital"
     )
     tokenizer.save_pretrained(folder)
-    config = XLMRobertaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=130,
-        pad_token_id=1,
-        bos_token_id=0,
-        eos_token_id=2,
-        type_vocab_size=1,
-    )
-    torch.manual_seed(seed)
-    model = XLMRobertaForMaskedLM(config)
-    _readable(model, [0, 1, 2, 3, 4])
-    model.save_pretrained(folder)
-    return folder
+    return _save_roberta_body(folder, XLMRobertaForMaskedLM, XLMRobertaConfig, len(tokenizer), seed)
 
 
 def build_maskless(folder: Path) -> Path:
