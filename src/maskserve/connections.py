@@ -29,7 +29,6 @@ import asyncio
 import ctypes
 import functools
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -153,12 +152,6 @@ class Connection(asyncio.Protocol):
             self._timer = None
 
 
-@dataclass(frozen=True)
-class _Write:
-    started: float  # time.monotonic()
-    size: int  # the answer's bytes
-
-
 class ConnectionGuard:
     """Every open client connection, the answers being written, and what was closed and why."""
 
@@ -168,8 +161,9 @@ class ConnectionGuard:
         # whole HTTP response, made by the HTTP side (this module knows no HTTP).
         self.refusal = refusal
         self.open: dict[asyncio.BaseTransport, Connection] = {}
-        # Answers being written, by transport.
-        self._writes: dict[asyncio.Transport, _Write] = {}
+        # The size of each answer being written, by transport, oldest write first (a dict keeps
+        # the order of insertion, and each write leaves before its connection starts another).
+        self._writes: dict[asyncio.Transport, int] = {}
         self.closed: Counter[str] = Counter()
         self._trim: asyncio.TimerHandle | None = None
 
@@ -226,7 +220,8 @@ class ConnectionGuard:
         """An answer of ``size`` bytes starts to be written on ``transport``: room is made for it
         under ``max_unsent_bytes``; returns the seconds it has."""
         self.make_room(size)
-        self._writes[transport] = _Write(time.monotonic(), size)
+        self._writes.pop(transport, None)  # a write is placed by when it started
+        self._writes[transport] = size
         return self.limits.write_timeout
 
     def written(self, transport: asyncio.Transport) -> None:
@@ -235,14 +230,14 @@ class ConnectionGuard:
     def make_room(self, size: int) -> None:
         """Close the connections whose answers have waited longest until ``size`` more bytes fit."""
         held = self.unsent_bytes()
-        for transport, write in sorted(self._writes.items(), key=lambda item: item[1].started):  # oldest first
+        for transport, written in list(self._writes.items()):  # oldest first
             if held + size <= self.limits.max_unsent_bytes:
                 return
             if not transport.is_closing():
-                held -= write.size
+                held -= written
                 self.close(transport, "unsent_bytes")
 
     def unsent_bytes(self) -> int:
         """Bytes of the answers being written and not yet wholly taken by their clients: each is
         held in memory whole until its write ends (and the socket's buffer holds a copy of the rest)."""
-        return sum(write.size for transport, write in self._writes.items() if not transport.is_closing())
+        return sum(size for transport, size in self._writes.items() if not transport.is_closing())
