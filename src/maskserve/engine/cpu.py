@@ -77,10 +77,7 @@ def cpu_flags() -> frozenset[str]:
 
 def isa_cap_in_effect() -> str | None:
     """The ``ONEDNN_MAX_CPU_ISA`` value that hides features of this CPU, for reports; else None."""
-    value = os.environ.get(ISA_CAP_VARIABLE)
-    if isa_cap(value) is None or capped(read_flags(), value) == read_flags():
-        return None
-    return value
+    return os.environ.get(ISA_CAP_VARIABLE) if cpu_flags() != read_flags() else None
 
 
 def matrix_features(flags: Iterable[str] | None = None) -> tuple[str, ...]:
