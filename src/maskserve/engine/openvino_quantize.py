@@ -242,12 +242,11 @@ def residual_products(model: Any) -> list[str]:
     return found
 
 
-def float32_products(model: Any, recipe: Int8Recipe) -> list[str]:
-    """The products ``recipe`` keeps in float32: the head always, the residual ones if it says so."""
-    kept = head_matmuls(model)
-    if recipe.residual_products_in_float32:
-        kept += [name for name in residual_products(model) if name not in kept]
-    return kept
+def float32_products(model: Any, recipe: Int8Recipe, head: list[str]) -> list[str]:
+    """The products ``recipe`` keeps in float32: the ``head`` always, the residual ones if it says so."""
+    if not recipe.residual_products_in_float32:
+        return head
+    return head + [name for name in residual_products(model) if name not in head]
 
 
 def quantize_graph(model: Any, folder: Path, tokenizer: Any, recipe: Int8Recipe) -> dict[str, Any]:
@@ -267,7 +266,7 @@ def quantize_graph(model: Any, folder: Path, tokenizer: Any, recipe: Int8Recipe)
 
     started = time.perf_counter()
     head = head_matmuls(model)
-    kept = float32_products(model, recipe)
+    kept = float32_products(model, recipe, head)
     advanced = AdvancedQuantizationParameters(
         overflow_fix=OverflowFix.ENABLE if recipe.overflow_fix else OverflowFix.FIRST_LAYER,
     )
