@@ -4,6 +4,7 @@ connections, and the bound on answers not yet taken."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,22 +12,17 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from maskserve.connections import CLOSE_REASONS, Connection, ConnectionGuard, ConnectionLimits
+from maskserve.connections import CLOSE_REASONS, Connection, ConnectionGuard
+from maskserve.settings import Settings
 
 REFUSAL = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
-def limits(**changes: float) -> ConnectionLimits:
-    values: dict[str, float] = {
-        "header_timeout": 0.3,
-        "body_timeout": 5.0,
-        "write_timeout": 5.0,
-        "keepalive_timeout": 0.3,
-        "max_connections": 100,
-        "max_unsent_bytes": 1 << 20,
-    }
-    values.update(changes)
-    return ConnectionLimits(**{k: (int(v) if k.startswith("max_") else v) for k, v in values.items()})  # type: ignore[arg-type]
+def limits(**changes: float) -> Settings:
+    """Short bounds, so that each timer is seen quickly; ``changes`` over them."""
+    short = {"header_timeout": 0.3, "keepalive_timeout": 0.3, "body_timeout": 5.0, "write_timeout": 5.0}
+    short.update(changes)
+    return dataclasses.replace(Settings(), **short)
 
 
 @dataclass

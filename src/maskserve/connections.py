@@ -31,7 +31,8 @@ import functools
 import logging
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+
+from .settings import Settings
 
 log = logging.getLogger("maskserve.connections")
 
@@ -62,18 +63,6 @@ def release_freed_memory() -> None:
         trim(0)
 
 
-@dataclass(frozen=True)
-class ConnectionLimits:
-    """The settings that bound a connection (see their help in settings.py)."""
-
-    header_timeout: float
-    body_timeout: float
-    write_timeout: float
-    keepalive_timeout: float
-    max_connections: int
-    max_unsent_bytes: int
-
-
 class Connection(asyncio.Protocol):
     """One client connection: forwards everything to the HTTP server's protocol and times its phases."""
 
@@ -94,12 +83,12 @@ class Connection(asyncio.Protocol):
             return
         self.inner = self._make_inner()
         self.inner.connection_made(transport)
-        self._start("head", self.guard.limits.header_timeout)
+        self._start("head", self.guard.settings.header_timeout)
 
     def data_received(self, data: bytes) -> None:
         if self._phase == "idle":
             # The next request's first byte: its headers are due within the header timeout.
-            self._start("head", self.guard.limits.header_timeout)
+            self._start("head", self.guard.settings.header_timeout)
         if self.inner is not None:
             self.inner.data_received(data)
 
@@ -129,7 +118,7 @@ class Connection(asyncio.Protocol):
     def request_finished(self) -> None:
         """The answer is written: the connection idles until its next request, or closes."""
         if self._closed_by is None:
-            self._start("idle", self.guard.limits.keepalive_timeout)
+            self._start("idle", self.guard.settings.keepalive_timeout)
 
     def close(self, reason: str) -> None:
         """Close now, dropping whatever the socket still holds, and count why (once)."""
@@ -155,8 +144,10 @@ class Connection(asyncio.Protocol):
 class ConnectionGuard:
     """Every open client connection, the answers being written, and what was closed and why."""
 
-    def __init__(self, limits: ConnectionLimits, refusal: Callable[[], bytes] = lambda: b"") -> None:
-        self.limits = limits
+    def __init__(self, settings: Settings, refusal: Callable[[], bytes] = lambda: b"") -> None:
+        # Its bounds: the header, body, write and keep-alive timeouts, max_connections and
+        # max_unsent_bytes.
+        self.settings = settings
         # The bytes sent, then the connection closed, when it would exceed max_connections: a
         # whole HTTP response, made by the HTTP side (this module knows no HTTP).
         self.refusal = refusal
@@ -177,7 +168,7 @@ class ConnectionGuard:
 
     def admit(self, connection: Connection) -> bool:
         """Count the new connection in, or answer it with the refusal and close it."""
-        if len(self.open) >= self.limits.max_connections:
+        if len(self.open) >= self.settings.max_connections:
             assert connection.transport is not None
             connection.transport.write(self.refusal())
             # The refusal is small and already in the socket: close (not abort) lets it leave.
@@ -222,7 +213,7 @@ class ConnectionGuard:
         self.make_room(size)
         self._writes.pop(transport, None)  # a write is placed by when it started
         self._writes[transport] = size
-        return self.limits.write_timeout
+        return self.settings.write_timeout
 
     def written(self, transport: asyncio.Transport) -> None:
         self._writes.pop(transport, None)
@@ -231,7 +222,7 @@ class ConnectionGuard:
         """Close the connections whose answers have waited longest until ``size`` more bytes fit."""
         held = self.unsent_bytes()
         for transport, written in list(self._writes.items()):  # oldest first
-            if held + size <= self.limits.max_unsent_bytes:
+            if held + size <= self.settings.max_unsent_bytes:
                 return
             if not transport.is_closing():
                 held -= written

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from .admission import Admission
 from .batcher import Batcher
-from .connections import ConnectionGuard, ConnectionLimits
+from .connections import ConnectionGuard
 from .costs import Work
 from .lifecycle import Lifecycle
 from .metrics import Metrics, Peers
@@ -83,16 +83,7 @@ class FillMaskService:
         # None until the model is loaded (see app.inference_context).
         self.loaded: Loaded | None = None
         # Every client connection: timeouts, the connection cap, the answers slow readers hold.
-        self.connections = ConnectionGuard(
-            ConnectionLimits(
-                header_timeout=settings.header_timeout,
-                body_timeout=settings.body_timeout,
-                write_timeout=settings.write_timeout,
-                keepalive_timeout=settings.keepalive_timeout,
-                max_connections=settings.max_connections,
-                max_unsent_bytes=settings.max_unsent_bytes,
-            )
-        )
+        self.connections = ConnectionGuard(settings)
         self.metrics.watch_connections(self.connections)
 
     def _parts(self) -> Loaded:
