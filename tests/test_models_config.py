@@ -41,7 +41,10 @@ def test_several_models_are_named_by_name_or_by_folder_and_hub_name_in_order() -
 
 
 def test_the_variable_takes_several_models_comma_separated() -> None:
-    assert configs(env={"MASKSERVE_MODEL": "en=/m/bert, fr=/m/camembert"}) == [("en", "/m/bert"), ("fr", "/m/camembert")]
+    assert configs(env={"MASKSERVE_MODEL": "en=/m/bert, fr=/m/camembert"}) == [
+        ("en", "/m/bert"),
+        ("fr", "/m/camembert"),
+    ]
 
 
 def test_a_bare_source_becomes_a_path_segment() -> None:

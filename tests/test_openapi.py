@@ -225,7 +225,10 @@ async def test_every_documented_response_is_produced_and_matches_the_document(
     batcher = client.app[SERVICE_KEY].batcher
     queued = [asyncio.create_task(client.post("/", data="a [MASK] b.")) for _ in range(2)]
     for _ in range(500):  # the three timed-out texts discarded, both new ones queued
-        if batcher.drops.expired == len(FILL_PATHS) + 1 + len(INFER_PATHS) + 2 * len(SCORE_PATHS) and batcher.depth == 2:
+        if (
+            batcher.drops.expired == len(FILL_PATHS) + 1 + len(INFER_PATHS) + 2 * len(SCORE_PATHS)
+            and batcher.depth == 2
+        ):
             break
         await asyncio.sleep(0.01)
     else:

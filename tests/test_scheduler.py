@@ -27,7 +27,11 @@ class Lanes:
 
     def add(self, name: str, model: EchoModel, **limits: int) -> Batcher:
         batcher = Batcher(
-            model, self.scheduler.executor, Settings(**limits), scheduler=self.scheduler, name=name  # type: ignore[arg-type]
+            model,
+            self.scheduler.executor,
+            Settings(**limits),
+            scheduler=self.scheduler,
+            name=name,  # type: ignore[arg-type]
         )
 
         def record(report: BatchReport) -> None:
@@ -110,7 +114,9 @@ async def test_an_idle_model_saves_no_credit_for_later() -> None:
         b = lanes.add("b", EchoModel(Costs(per_pass=0.005)), max_batch_size=1, max_queue=200)
         await asyncio.gather(*(a.enqueue(text(), deadline()) for _ in range(30)))  # b idle meanwhile
         started = len(lanes.order)
-        futures = [a.enqueue(text(), deadline()) for _ in range(30)] + [b.enqueue(text(), deadline()) for _ in range(30)]
+        futures = [a.enqueue(text(), deadline()) for _ in range(30)] + [
+            b.enqueue(text(), deadline()) for _ in range(30)
+        ]
         while len(lanes.order) < started + 20:
             await asyncio.sleep(0.005)
         after = lanes.order[started : started + 20]

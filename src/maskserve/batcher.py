@@ -253,9 +253,7 @@ class Batcher:
         """The batch loop of this batcher's scheduler (one model's own, when it made it): until cancelled."""
         await self.scheduler.run()
 
-    async def wait_for_company(
-        self, loop: asyncio.AbstractEventLoop, alone: Callable[[], bool] = lambda: True
-    ) -> None:
+    async def wait_for_company(self, loop: asyncio.AbstractEventLoop, alone: Callable[[], bool] = lambda: True) -> None:
         """With ``max_batch_delay``, wait until the oldest item's single deadline or a full batch,
         or until ``alone()`` turns false (another model's work arrived: the thread must not idle).
 

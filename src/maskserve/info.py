@@ -139,8 +139,6 @@ def server_info(
 async def info(request: web.Request) -> web.Response:
     """``GET /info``: the served model and the server's configuration, as JSON."""
     service = service_of(request.app)
-    served = [
-        (m.name, m.settings, m.parts.model if m.parts is not None else None) for m in service.models.values()
-    ]
+    served = [(m.name, m.settings, m.parts.model if m.parts is not None else None) for m in service.models.values()]
     default = service.default
     return web.json_response(server_info(default.settings, served[0][2], service.middleware, served))

@@ -45,9 +45,7 @@ def _served_model(request: web.Request) -> tuple[ServedModel, str | None]:
     served = served_model(request)
     version = request.match_info.get("version")
     if version is not None and version != MODEL_VERSION:
-        raise NotFound(
-            f"no version {version!r} of model {served.name!r} here; it serves version {MODEL_VERSION!r}"
-        )
+        raise NotFound(f"no version {version!r} of model {served.name!r} here; it serves version {MODEL_VERSION!r}")
     return served, version
 
 

@@ -12,9 +12,7 @@ ROUTE_ROLES = RouteRoles(
     # Routes that queue work for the model: the circuit-breaking stage may refuse these at the door,
     # and only these. Health, metrics, info and the demo page's GET are never shed; POST /demo asks
     # the same admission itself, to show a refusal inline.
-    inference=frozenset(
-        {"fill_mask", "fill_mask_model", "score", "score_model", "oip_infer", "oip_infer_version"}
-    ),
+    inference=frozenset({"fill_mask", "fill_mask_model", "score", "score_model", "oip_infer", "oip_infer_version"}),
     # Open without an API key: probes (they cannot be expected to hold secrets) and the demo
     # page's GETs, which run nothing. Unknown paths need the key, so the routes cannot be mapped.
     public=frozenset(

@@ -82,7 +82,9 @@ class Scheduler:
         (the accounts stay level), so each adds the smaller of its own queued work and ``own_s``.
         """
         others = sum(
-            min(other.seconds_for(other.queued_work), own_s) for other in self.lanes if other is not lane and other.depth
+            min(other.seconds_for(other.queued_work), own_s)
+            for other in self.lanes
+            if other is not lane and other.depth
         )
         return self.in_flight_remaining() + own_s + others
 

@@ -564,7 +564,9 @@ def _add_flags(group: argparse._ArgumentGroup, f: dataclasses.Field[Any]) -> Non
             _flag_name(f.name), dest=f.name, default=None, action=argparse.BooleanOptionalAction, help=help_text
         )
     elif f.metadata.get("flag_kind") == "append":
-        group.add_argument(_flag_name(f.name), dest=f.name, default=None, action="append", metavar="VALUE", help=help_text)
+        group.add_argument(
+            _flag_name(f.name), dest=f.name, default=None, action="append", metavar="VALUE", help=help_text
+        )
     else:
         group.add_argument(_flag_name(f.name), dest=f.name, default=None, metavar="VALUE", help=help_text)
     for alias in f.metadata.get("aliases", ()):

@@ -37,7 +37,11 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
         response = await handler(request)
     except web.HTTPException as exc:  # redirects: the error middleware lets them through
         metrics.observe_request(
-            route_label(request), exc.status, kind_label(request, exc.status), time.perf_counter() - started, state.model
+            route_label(request),
+            exc.status,
+            kind_label(request, exc.status),
+            time.perf_counter() - started,
+            state.model,
         )
         raise
     except asyncio.CancelledError:  # the client left and aiohttp cancelled its handler
