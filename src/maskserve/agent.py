@@ -60,7 +60,8 @@ def agent_context(port: int) -> Callable[[web.Application], contextlib.AbstractA
 
         async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
-                line = agent_line(service.scheduler.lanes, service.lifecycle, settings.request_timeout)
+                batchers = [served.loaded.batcher for served in service.models.values()]
+                line = agent_line(batchers, service.lifecycle, settings.request_timeout)
                 writer.write(line.encode("ascii"))
                 await writer.drain()
             except ConnectionError:

@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
+
 from .costs import NO_WORK, BatchReport, CostModel, Work
 from .errors import DeadlineExceeded, InferenceFailed
 from .inference import Outcome, infer

@@ -19,7 +19,7 @@ from .settings import Settings
 
 Section = dict[str, str | int | float | bool | None]
 # A served model's section in the "models" list: its own, with its batching and limits nested.
-ModelEntry = dict[str, str | int | float | bool | None | Section]
+ModelEntry = dict[str, str | int | float | bool | Section | None]
 
 
 def model_section(model: FillMaskModel | None, name: str) -> Section | None:

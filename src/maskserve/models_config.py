@@ -145,7 +145,8 @@ def _from_file(path: str, settings: Settings) -> list[ModelConfig]:
 def model_configs(settings: Settings) -> tuple[ModelConfig, ...]:
     """Every model the settings name, the default (first) one first; the default model alone when none.
 
-    Raises :class:`~maskserve.settings.NamedSettingsError` on a bad name, a duplicate, or a models file that does not parse.
+    Raises :class:`~maskserve.settings.NamedSettingsError` on a bad name, a duplicate, or a models
+    file that does not parse.
     """
     many = len(settings.model) + (settings.models_file is not None) > 1
     configs = [_from_flag(spec, not many, settings) for spec in settings.model]

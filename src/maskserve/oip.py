@@ -26,8 +26,8 @@ from .handling import answer, read_body, served_model, timing_headers
 from .health import live, probe_response, ready
 from .keys import service_of, state_of
 from .model_api import describe_model
-from .service import ServedModel
 from .oip_schemas import DATATYPE, HEADER_LENGTH, INPUT_NAME, OUTPUT_NAME, infer_response
+from .service import ServedModel
 
 # The protocol says a failed health check is a 4xx; Triton answers 400, and so does maskserve.
 NOT_HEALTHY = 400

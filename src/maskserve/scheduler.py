@@ -18,21 +18,48 @@ really cost, not for how many texts it sends.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:  # the batcher imports this module
-    from .batcher import Batcher
+from .costs import Work
+from .settings import Settings
+
+
+class Lane(Protocol):
+    """One model's side, as the scheduler sees it (:class:`~maskserve.batcher.Batcher` is one)."""
+
+    settings: Settings
+
+    @property
+    def depth(self) -> int: ...
+
+    @property
+    def queued_work(self) -> Work: ...
+
+    def seconds_for(self, work: Work) -> float: ...
+
+    def predicted_wait(self, extra: Work = ...) -> float: ...
+
+    def fail_pending(self, error: Exception) -> int: ...
+
+    def stall_budget(self, floor: float) -> float: ...
+
+    async def wait_for_company(self, loop: asyncio.AbstractEventLoop, alone: Callable[[], bool]) -> None: ...
+
+    def next_batch(self, now: float) -> list[Any]: ...
+
+    async def run_batch(self, loop: asyncio.AbstractEventLoop, batch: list[Any]) -> float: ...
 
 
 @dataclass
 class InFlight:
     """The batch on the inference thread: whose, when it started and how long it should take."""
 
-    lane: Batcher
+    lane: Lane
     started: float
     predicted_s: float
 
@@ -42,7 +69,7 @@ class Scheduler:
 
     def __init__(self, executor: Executor) -> None:
         self.executor = executor
-        self.lanes: list[Batcher] = []
+        self.lanes: list[Lane] = []
         self.in_flight: InFlight | None = None
         self.batches_run = 0
         self.last_progress = time.monotonic()  # refreshed by the inference thread (heartbeat)
@@ -58,7 +85,7 @@ class Scheduler:
         # starts (start-time fair queueing's virtual time).
         self._virtual = 0.0
 
-    def add(self, lane: Batcher) -> None:
+    def add(self, lane: Lane) -> None:
         self.lanes.append(lane)
         self._account[id(lane)] = 0.0
 
@@ -75,7 +102,7 @@ class Scheduler:
         in_flight = self.in_flight
         return 0.0 if in_flight is None else max(0.0, in_flight.predicted_s - self.busy_for)
 
-    def predicted_wait(self, lane: Batcher, own_s: float) -> float:
+    def predicted_wait(self, lane: Lane, own_s: float) -> float:
         """Seconds until ``own_s`` seconds of ``lane``'s work would be done, with the others sharing fairly.
 
         While it drains, each other model with work gets at most as much of the thread as it does
@@ -133,13 +160,17 @@ class Scheduler:
             if len(waiting) == 1:
                 # A batch window only while no other model has work: the thread never idles
                 # for one model's company while another's texts wait.
-                await lane.wait_for_company(loop, alone=lambda: self.depth == lane.depth)
+                await lane.wait_for_company(loop, alone=functools.partial(self.only_one_waiting, lane))
             batch = lane.next_batch(loop.time())
             if batch:
                 seconds = await lane.run_batch(loop, batch)
                 self._account[id(lane)] += seconds
 
-    def pick(self, waiting: Sequence[Batcher]) -> Batcher:
+    def only_one_waiting(self, lane: Lane) -> bool:
+        """Whether ``lane`` is the only one with texts waiting."""
+        return self.depth == lane.depth
+
+    def pick(self, waiting: Sequence[Lane]) -> Lane:
         """The lane whose batch runs next: the smallest account among those with work (module docstring)."""
         keys = {id(lane) for lane in waiting}
         for key in keys - self._backlogged:  # joined since the last pick: no credit saved while idle

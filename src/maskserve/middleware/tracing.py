@@ -111,5 +111,6 @@ def _tracing_context(
 
 async def _observe_batches(app: web.Application) -> None:
     # on_startup runs after every cleanup context has started, so the batchers exist by now.
-    for batcher in service_of(app).scheduler.lanes:
-        batcher.listeners.append(app[TRACING_KEY].tracing.observe(batcher.model, batcher.name))
+    for served in service_of(app).models.values():
+        batcher = served.loaded.batcher
+        batcher.listeners.append(app[TRACING_KEY].tracing.observe(batcher.model, served.name))
