@@ -20,6 +20,7 @@ import torch
 import transformers
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
+from maskserve import service as service_module
 from maskserve.costs import BatchReport
 from maskserve.engine import FillMaskEngine
 from maskserve.keys import SERVICE_KEY
@@ -237,6 +238,56 @@ async def test_first_token_answers_exactly_as_the_pipeline(
         expected = per_mask(pipeline(folder)(text, targets=words + singles, top_k=4))
         for got, want in zip(answer, expected, strict=True):
             assert_pipeline_equal(got, want, TOLERANCE["torch"])
+
+
+async def test_texts_sent_together_and_requests_sent_at_once_each_get_their_own_answer(
+    make_client: ClientFactory, wordpiece_engine: FillMaskEngine
+) -> None:
+    client = await make_client(engine=wordpiece_engine, max_batch_delay=0.02)
+    texts = [ONE_MASK.format(m="[MASK]"), TWO_MASKS.format(m="[MASK]"), "a small [MASK] sleeps."]
+    target_sets = [["city", "cats"], ["big dogs", "dog", "parisian"], ["new city"]]
+    alone = {
+        (text, tuple(targets)): await fill(client, {"inputs": text, "parameters": {"top_k": 3, "targets": targets}})
+        for text in texts
+        for targets in target_sets
+    }
+    bodies = [{"inputs": texts, "parameters": {"top_k": 3, "targets": targets}} for targets in target_sets]
+    together = await asyncio.gather(*(fill(client, body) for body in bodies * 3))
+    for body, answer in zip(bodies * 3, together, strict=True):
+        expected = [alone[(text, tuple(body["parameters"]["targets"]))] for text in texts]
+        assert strip_scores(answer) == strip_scores(expected)
+        assert flat_scores(answer) == pytest.approx(flat_scores(expected), rel=WORD_RELATIVE_TOLERANCE, abs=1e-7)
+
+
+async def test_many_words_are_decoded_off_the_event_loop_with_the_same_answer(
+    make_client: ClientFactory, wordpiece_engine: FillMaskEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = await make_client(engine=wordpiece_engine)
+    body = {"inputs": TWO_MASKS.format(m="[MASK]"), "parameters": {"targets": ["city", "cats", "new city"]}}
+    inline = await fill(client, body)
+    monkeypatch.setattr(service_module, "INLINE_DECODE_TOKENS", 0)
+    on_the_thread = asyncio.get_running_loop().run_in_executor
+    threads: list[object] = []
+
+    def spy(executor: Any, function: Any, *args: Any) -> Any:
+        threads.append(function)
+        return on_the_thread(executor, function, *args)
+
+    monkeypatch.setattr(asyncio.get_running_loop(), "run_in_executor", spy)
+    assert strip_scores(await fill(client, body)) == strip_scores(inline)
+    assert service_module.combined_answers in threads
+
+
+def strip_scores(answer: Any) -> Any:
+    if isinstance(answer, dict):
+        return {k: v for k, v in answer.items() if k != "score"}
+    return [strip_scores(item) for item in answer]
+
+
+def flat_scores(answer: Any) -> list[float]:
+    if isinstance(answer, dict):
+        return [answer["score"]]
+    return [score for item in answer for score in flat_scores(item)]
 
 
 async def test_a_single_token_request_answers_the_same_bytes_in_either_mode(
