@@ -26,7 +26,7 @@ import-linter contracts in setup.cfg (``tox -e style``) hold the code to this ta
     batcher | engine                                      the queue and batch loop (asyncio) | the model (torch)
     inference                                             the inference thread's side of a batch: isolate, post-process
     work_queue                                            the queue's records and one model's queue of them
-    costs | scoring                                       what work costs | a text's masked copies, scores summed
+    costs | scoring | whole_words                         what work costs | a text's masked copies | whole-word targets
     settings | errors | model_api | packing | lifecycle   plain data: knobs, errors, model protocol, phase
 
 aiohttp is imported from the keys up, never by the service or below it; only the engine imports

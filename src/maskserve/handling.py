@@ -19,6 +19,7 @@ from .deadlines import request_deadline
 from .errors import BodyTimeout, InvalidHeader, MaskserveError
 from .keys import service_of, state_of
 from .model_api import Query
+from .whole_words import TextPlan
 from .work_queue import Answer
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,13 @@ async def answer(request: web.Request, queries: Sequence[Query]) -> list[Answer]
     answers = await service_of(request.app).answer(queries, request_deadline(request), state.trace)
     state.answers = answers
     return answers
+
+
+async def text_answers(request: web.Request, plans: Sequence[TextPlan]) -> list[Answer]:
+    """:func:`answer` for fill-mask texts: every text's queries (whole-word copies included) admitted,
+    queued and answered together, then one answer per text."""
+    answers = await answer(request, [query for plan in plans for query in plan.queries])
+    return await service_of(request.app).text_answers(plans, answers)
 
 
 def timing_headers(answers: Sequence[Answer]) -> dict[str, str]:

@@ -93,6 +93,7 @@ def server_info(
             "max_targets": settings.max_targets,
             "default_top_k": settings.default_top_k,
             "max_score_tokens": settings.max_score_tokens,
+            "max_word_copies": settings.max_word_copies,
         },
         "versions": {
             "maskserve": __version__,

@@ -22,7 +22,7 @@ from aiohttp import web
 
 from . import __version__
 from .errors import NotFound
-from .handling import answer, read_body, timing_headers
+from .handling import read_body, text_answers, timing_headers
 from .health import live, probe_response, ready
 from .keys import service_of, state_of
 from .model_api import describe_model
@@ -95,7 +95,7 @@ async def infer(request: web.Request) -> web.Response:
     with state_of(request).trace.step("maskserve.parse"):
         body = await read_body(request)
         parsed = service.oip_parser.parse(body, request.headers.get(HEADER_LENGTH))
-        queries = await service.queries(parsed.request)
-    answers = await answer(request, queries)
+        plans = await service.plans(parsed.request)
+    answers = await text_answers(request, plans)
     payload, headers = infer_response(name, parsed, [a.json for a in answers], version=version)
     return web.Response(body=payload, headers={**headers, **timing_headers(answers)})
