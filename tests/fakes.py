@@ -62,7 +62,15 @@ class EchoModel:
         return sum(1 for i in input_ids if i == 4)
 
     def resolve_targets(self, targets: Sequence[str]) -> tuple[int, ...]:
-        return tuple(dict.fromkeys(1000 + len(t) for t in targets if t.strip()))
+        return tuple(dict.fromkeys(word[0] for word in self.target_tokens(targets) if word))
+
+    def target_tokens(self, targets: Sequence[str]) -> tuple[tuple[int, ...], ...]:
+        # As encode: one token per word, so "new york" is a whole word of two.
+        return tuple(tuple(1000 + len(word) for word in target.split()) for target in targets)
+
+    def fill_word(self, input_ids: Sequence[int], position: int, word: Sequence[int]) -> tuple[str, str]:
+        filled = (*input_ids[:position], *word, *input_ids[position + 1 :])
+        return " ".join(str(token) for token in word), str(filled) if self.word == "echo" else self.word
 
     def prediction_bytes(self, input_ids: Sequence[int]) -> int:
         # The sequence is str(input_ids): at most 8 characters a token, plus the keys and score.
@@ -81,7 +89,9 @@ class EchoModel:
                 continue
             time.sleep(costs.per_prediction_token * q.predictions * q.n_tokens)
             sequence = str(q.input_ids) if self.word == "echo" else self.word
-            prediction = Prediction(score=1.0, token=sum(q.input_ids), token_str=self.word, sequence=sequence)
+            # A target's id, so that a whole word's copies are answered for their own token.
+            token = q.target_ids[0] if q.target_ids else sum(q.input_ids)
+            prediction = Prediction(score=1.0, token=token, token_str=self.word, sequence=sequence)
             masks = 1 if q.answer_position is not None else self.count_masks(q.input_ids)
             answers.append([[prediction] for _ in range(masks)])
         return answers
@@ -121,6 +131,12 @@ class ControlledModel:
 
     def resolve_targets(self, targets: Sequence[str]) -> tuple[int, ...]:
         return self.inner.resolve_targets(targets)
+
+    def target_tokens(self, targets: Sequence[str]) -> tuple[tuple[int, ...], ...]:
+        return self.inner.target_tokens(targets)
+
+    def fill_word(self, input_ids: Sequence[int], position: int, word: Sequence[int]) -> tuple[str, str]:
+        return self.inner.fill_word(input_ids, position, word)
 
     def prediction_bytes(self, input_ids: Sequence[int]) -> int:
         return self.inner.prediction_bytes(input_ids)

@@ -43,7 +43,7 @@ def sentences(seed: int = 5) -> list[str]:
 async def test_flood_of_several_times_capacity_sheds_cleanly_and_keeps_serving(tmp_path: Path) -> None:
     server = start_maskserve(
         # Every per-request limit within the small queue, or start-up refuses them.
-        *("--max-queue", "32", "--max-inputs", "32", "--max-score-tokens", "32"),
+        *("--max-queue", "32", "--max-inputs", "32", "--max-score-tokens", "32", "--max-word-copies", "32"),
         *("--request-timeout", str(TIMEOUT_S), "--log-level", "warning"),
         log_path=tmp_path / "load.log",
     )

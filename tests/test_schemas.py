@@ -187,13 +187,13 @@ def test_unknown_fields_are_422_naming_them(document: Any, field: str) -> None:
 @pytest.mark.parametrize("text", ["", "   \n\t "])
 def test_empty_or_blank_text_is_422(text: str, bert_engine: FillMaskEngine) -> None:
     request = PARSER.parse(text.encode(), "text/plain")
-    error = rejection(InvalidInput, PARSER.queries, request, bert_engine)
+    error = rejection(InvalidInput, PARSER.plans, request, bert_engine)
     assert error.status == 422 and "empty" in error.message and "[MASK]" in error.message
 
 
 def test_no_mask_names_bert_mask_token(bert_engine: FillMaskEngine) -> None:
     request = PARSER.parse(b"paris is the capital of france.", "text/plain")
-    error = rejection(NoMaskToken, PARSER.queries, request, bert_engine)
+    error = rejection(NoMaskToken, PARSER.plans, request, bert_engine)
     assert error.status == 422 and error.kind == "no_mask_token"
     assert "[MASK]" in error.message and "<mask>" not in error.message
 
@@ -201,36 +201,50 @@ def test_no_mask_names_bert_mask_token(bert_engine: FillMaskEngine) -> None:
 def test_no_mask_names_roberta_mask_token(roberta_engine: FillMaskEngine) -> None:
     # A BERT mask in a RoBERTa request is no mask at all, and the message says which one to use.
     request = PARSER.parse(b"paris is the [MASK] of france.", "text/plain")
-    error = rejection(NoMaskToken, PARSER.queries, request, roberta_engine)
+    error = rejection(NoMaskToken, PARSER.plans, request, roberta_engine)
     assert "<mask>" in error.message and "[MASK]" not in error.message
 
 
 def test_no_mask_in_one_of_several_inputs_names_its_index(bert_engine: FillMaskEngine) -> None:
     request = parse_json({"inputs": ["a [MASK].", "no mask here"]})
-    assert "inputs[1]" in rejection(NoMaskToken, PARSER.queries, request, bert_engine).message
+    assert "inputs[1]" in rejection(NoMaskToken, PARSER.plans, request, bert_engine).message
 
 
 def test_text_over_the_character_limit_is_422(bert_engine: FillMaskEngine) -> None:
     parser = RequestParser(Settings(max_text_chars=20))
     request = parser.parse(b"the [MASK] is a big red dog.", "text/plain")
-    error = rejection(TextTooLong, parser.queries, request, bert_engine)
+    error = rejection(TextTooLong, parser.plans, request, bert_engine)
     assert error.kind == "text_too_long" and "28 characters" in error.message and "20" in error.message
 
 
 def test_text_over_the_model_token_limit_is_422(bert_engine: FillMaskEngine) -> None:
     request = PARSER.parse(("the dog " * 100 + "[MASK]").encode(), "text/plain")
-    error = rejection(TextTooLong, PARSER.queries, request, bert_engine)
+    error = rejection(TextTooLong, PARSER.plans, request, bert_engine)
     assert "tokens" in error.message and str(bert_engine.max_tokens) in error.message
 
 
 def test_blank_target_is_422(bert_engine: FillMaskEngine) -> None:
     request = parse_json({"inputs": "x [MASK]", "parameters": {"targets": ["city", " "]}})
-    assert "targets" in rejection(InvalidInput, PARSER.queries, request, bert_engine).message
+    assert "targets" in rejection(InvalidInput, PARSER.plans, request, bert_engine).message
+
+
+def test_multi_token_targets_is_whole_word_or_first_token(bert_engine: FillMaskEngine) -> None:
+    parameters: dict[str, Any] = {"targets": ["city", "new city"]}
+    body = {"inputs": "paris [MASK]", "parameters": parameters}
+    assert parse_json(body).multi_token_targets == "whole_word"
+    (plan,) = PARSER.plans(parse_json(body), bert_engine)
+    new, city = bert_engine.tokenizer.convert_tokens_to_ids(["new", "city"])
+    assert plan.query.target_ids == (city,) and plan.words == ((new, city),) and len(plan.copies) == 2
+    parameters["multi_token_targets"] = "first_token"
+    (plan,) = PARSER.plans(parse_json(body), bert_engine)
+    assert plan.query.target_ids == (city, new) and not plan.has_words and plan.queries == (plan.query,)
 
 
 def test_queries_carry_tokens_top_k_and_target_ids(bert_engine: FillMaskEngine) -> None:
     request = parse_json({"inputs": ["paris [MASK]", "[MASK] city"], "parameters": {"top_k": 2, "targets": "city"}})
-    queries = PARSER.queries(request, bert_engine)
+    plans = PARSER.plans(request, bert_engine)
+    assert not any(plan.has_words for plan in plans)
+    queries = [plan.query for plan in plans]
     city = bert_engine.tokenizer.convert_tokens_to_ids("city")
     assert [q.input_ids for q in queries] == [bert_engine.encode("paris [MASK]"), bert_engine.encode("[MASK] city")]
     assert all(q.top_k == 2 and q.target_ids == (city,) for q in queries)

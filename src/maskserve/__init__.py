@@ -26,7 +26,7 @@ import-linter contracts in setup.cfg (``tox -e style``) hold the code to this ta
     batcher | engine                                      one model's queue and batches (asyncio) | the model (torch)
     inference | scheduler                                 the inference thread's side of a batch | whose batch runs next
     work_queue                                            the queue's records and one model's queue of them
-    costs | scoring | models_config                       what work costs | masked copies, scores | models by name
+    costs | scoring | whole_words | models_config         what work costs | copies | whole words | models by name
     settings | errors | model_api | packing | lifecycle   plain data: knobs, errors, model protocol, phase
 
 aiohttp is imported from the keys up, never by the service or below it; only the engine imports

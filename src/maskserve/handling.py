@@ -20,6 +20,7 @@ from .errors import BodyTimeout, InvalidHeader, MaskserveError
 from .keys import service_of, state_of
 from .model_api import Query
 from .service import ServedModel
+from .whole_words import TextPlan
 from .work_queue import Answer
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,15 @@ async def answer(request: web.Request, queries: Sequence[Query], served: ServedM
     answers = await service_of(request.app).answer(queries, request_deadline(request), state.trace, served)
     state.answers = answers
     return answers
+
+
+async def text_answers(
+    request: web.Request, plans: Sequence[TextPlan], served: ServedModel | None = None
+) -> list[Answer]:
+    """:func:`answer` for fill-mask texts: every text's queries (whole-word copies included) admitted,
+    queued and answered together, then one answer per text."""
+    answers = await answer(request, [query for plan in plans for query in plan.queries], served)
+    return await service_of(request.app).text_answers(plans, answers, served)
 
 
 def timing_headers(answers: Sequence[Answer]) -> dict[str, str]:

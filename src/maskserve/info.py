@@ -73,6 +73,7 @@ def limits_section(settings: Settings) -> Section:
         "max_targets": settings.max_targets,
         "default_top_k": settings.default_top_k,
         "max_score_tokens": settings.max_score_tokens,
+        "max_word_copies": settings.max_word_copies,
     }
 
 

@@ -10,16 +10,18 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TypedDict
+from typing import NotRequired, Protocol, TypedDict
 
 
 class Prediction(TypedDict):
-    """One candidate for one mask, exactly the fill-mask pipeline's dict."""
+    """One candidate for one mask, exactly the fill-mask pipeline's dict; a whole-word target's
+    (whole_words.py) also lists all its token ids, ``token`` being the first."""
 
     score: float
     token: int
     token_str: str
     sequence: str
+    tokens: NotRequired[list[int]]
 
 
 # One text's answer: one list of predictions per mask, in text order.
@@ -129,6 +131,17 @@ class FillMaskModel(Protocol):
 
     def resolve_targets(self, targets: Sequence[str]) -> tuple[int, ...]:
         """Vocabulary ids for ``targets``, deduplicated; empty when none is usable."""
+        ...
+
+    def target_tokens(self, targets: Sequence[str]) -> tuple[tuple[int, ...], ...]:
+        """Each target's token ids, in order: its one id when it is a vocabulary entry, else its
+        tokens without special tokens (empty when it has none). The first of each is what
+        :meth:`resolve_targets` picks."""
+        ...
+
+    def fill_word(self, input_ids: Sequence[int], position: int, word: Sequence[int]) -> tuple[str, str]:
+        """``(token_str, sequence)`` of the tokens ``word`` put in at ``position`` (a mask), decoded
+        as a single token's prediction is: the word's own text, and the whole text with it in."""
         ...
 
     def predict(self, queries: Sequence[Query], progress: Progress | None = None) -> list[TextPredictions]:

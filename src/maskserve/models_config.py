@@ -43,6 +43,7 @@ PER_MODEL_SETTINGS: tuple[str, ...] = (
     "max_masks_per_text",
     "max_predictions",
     "max_score_tokens",
+    "max_word_copies",
     "max_response_bytes",
 )
 

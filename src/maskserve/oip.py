@@ -22,7 +22,7 @@ from aiohttp import web
 
 from . import __version__
 from .errors import NotFound
-from .handling import answer, read_body, served_model, timing_headers
+from .handling import read_body, served_model, text_answers, timing_headers
 from .health import live, probe_response, ready
 from .keys import service_of, state_of
 from .model_api import describe_model
@@ -94,7 +94,7 @@ async def infer(request: web.Request) -> web.Response:
     with state_of(request).trace.step("maskserve.parse"):
         body = await read_body(request)
         parsed = served.oip_parser.parse(body, request.headers.get(HEADER_LENGTH))
-        queries = await service.queries(parsed.request, served)
-    answers = await answer(request, queries, served)
+        plans = await service.plans(parsed.request, served)
+    answers = await text_answers(request, plans, served)
     payload, headers = infer_response(served.name, parsed, [a.json for a in answers], version=version)
     return web.Response(body=payload, headers={**headers, **timing_headers(answers)})

@@ -4,7 +4,8 @@ The model takes one BYTES input, ``text``, of shape ``[-1]``: one or more UTF-8 
 one BYTES output, ``predictions``, of the same shape: per text, the JSON that ``POST /`` answers
 for that text alone (as MLServer's Hugging Face runtime does). ``top_k`` and ``targets`` are
 request ``parameters``; the protocol's parameter values are scalars, so ``targets`` is a string,
-comma-separated for several words (a JSON list is accepted too).
+comma-separated for several words (a JSON list is accepted too). ``multi_token_targets`` is as
+for ``POST /``.
 
 Tensor data comes as JSON (the protocol's required form) or in Triton's binary tensor data
 extension, which ``tritonclient`` uses by default: the body is the JSON header
@@ -25,7 +26,7 @@ from typing import Any
 import jsonschema
 
 from .errors import InvalidBody, InvalidInput
-from .schemas import FillMaskRequest, load_json, schema_error
+from .schemas import FillMaskRequest, load_json, multi_token_targets_schema, schema_error
 from .settings import Settings
 
 INPUT_NAME = "text"
@@ -57,6 +58,7 @@ def infer_request_schema(settings: Settings) -> dict[str, Any]:
                             "oneOf": "parameters.targets must be a word, several comma-separated, or a list of words"
                         },
                     },
+                    "multi_token_targets": multi_token_targets_schema(),
                     "binary_data_output": {"type": "boolean"},
                 },
             },
@@ -164,6 +166,7 @@ class InferRequestParser:
             else bool(parameters.get("binary_data_output", False))
         )
         top_k = parameters.get("top_k")
+        mode = parameters.get("multi_token_targets")
         return InferRequest(
             request=FillMaskRequest(
                 texts=tuple(texts),
@@ -171,6 +174,7 @@ class InferRequestParser:
                 location="inputs[0].data",
                 top_k=self.settings.default_top_k if top_k is None else int(top_k),
                 targets=self._targets(parameters.get("targets")),
+                **({} if mode is None else {"multi_token_targets": mode}),
             ),
             id=document.get("id"),
             binary_output=binary_output,

@@ -73,7 +73,11 @@ def _fill_mask(settings: Settings, mask_token: str) -> Schema:
             f"Limits: a body of at most {settings.max_body_bytes} bytes, at most {settings.max_inputs} "
             f"inputs of at most {settings.max_text_chars} characters each (and the model's token limit), "
             f"top_k from 1 to {settings.max_top_k}, at most {settings.max_targets} targets, JSON nested at "
-            f"most {settings.max_json_depth} levels."
+            f"most {settings.max_json_depth} levels. A target of several tokens is scored as the whole word "
+            "(the product of each token's probability with the ones before it filled in and the rest masked), "
+            "and its candidate lists all its token ids in `tokens`; `parameters.multi_token_targets: "
+            '"first_token"` answers its first token instead, as the fill-mask pipeline does. Its copies of '
+            f"the text count against at most {settings.max_word_copies} a request."
         ),
         "tags": ["inference"],
         "parameters": [
@@ -202,7 +206,8 @@ def _oip_infer(settings: Settings, mask_token: str) -> Schema:
         "description": (
             f'One BYTES input "{INPUT_NAME}" of shape [n], 1 <= n <= {settings.max_inputs}; one BYTES output '
             f'"{OUTPUT_NAME}" of the same shape, each element the JSON `POST /` answers for that text. '
-            "`top_k` and `targets` (comma-separated, or a list) are request parameters. Tensors in JSON, or "
+            "`top_k`, `targets` (comma-separated, or a list) and `multi_token_targets` are request parameters, "
+            "as for `POST /`. Tensors in JSON, or "
             f"in Triton's binary tensor data extension ({HEADER_LENGTH}; the answer follows the request's "
             "binary_data / binary_data_output). Same limits, admission, deadline and errors as `POST /`."
         ),

@@ -46,6 +46,8 @@ def component_schemas(settings: Settings) -> dict[str, Schema]:
             "token": {"type": "integer", "minimum": 0},
             "token_str": {"type": "string"},
             "sequence": {"type": "string"},
+            # A whole-word target's candidate only: all its token ids, "token" being the first.
+            "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 2},
         },
     }
     predictions = {"type": "array", "items": ref("Prediction"), "maxItems": settings.max_top_k}

@@ -35,7 +35,7 @@ from .errors import (
     ShuttingDown,
     TextTooLong,
 )
-from .handling import admit_at_door, answer, note_error, read_form, timing_headers
+from .handling import admit_at_door, note_error, read_form, text_answers, timing_headers
 from .keys import service_of, state_of
 from .model_api import Prediction, describe_model
 from .schemas import FillMaskRequest
@@ -296,8 +296,8 @@ async def demo(request: web.Request) -> web.Response:
         with state_of(request).trace.step("maskserve.parse"):
             top_k_value = parse_top_k(top_k, service.settings)
             parsed = FillMaskRequest(texts=(text,), batched=False, top_k=top_k_value, targets=None)
-            queries = await service.queries(parsed)
-        answers = await answer(request, queries)
+            plans = await service.plans(parsed)
+        answers = await text_answers(request, plans)
     except MaskserveError as exc:
         # The error stage's bookkeeping, but the page shows the error in plain words.
         note_error(request, exc)

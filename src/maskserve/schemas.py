@@ -4,7 +4,9 @@ Two request forms reach ``POST /``:
 - raw text: any body that is not JSON is the sentence itself (``curl -d`` sends it as
   ``application/x-www-form-urlencoded``, but it is never form-decoded);
 - the Hugging Face Inference API's JSON: ``{"inputs": str | [str], "parameters": {"top_k": int,
-  "targets": str | [str]}}``.
+  "targets": str | [str], "multi_token_targets": "whole_word" | "first_token"}}``; a target of
+  several tokens is a whole word (whole_words.py) unless ``first_token`` asks for the pipeline's
+  first token.
 Everything is checked here, before anything is queued, so a bad input fails alone.
 """
 
@@ -28,8 +30,20 @@ from .errors import (
 )
 from .model_api import FillMaskModel, Query, TextPredictions, unwrap
 from .settings import Settings
+from .whole_words import (
+    DEFAULT_MULTI_TOKEN_TARGETS,
+    MULTI_TOKEN_TARGETS,
+    MultiTokenTargets,
+    Targets,
+    TextPlan,
+    plan_text,
+    split_targets,
+)
 
 JSON_CONTENT_TYPES = frozenset({"application/json"})
+# A whole word's "tokens" list in JSON: the key and brackets, then per id its digits and ", ",
+# each within this many bytes (ids run to a few hundred thousand).
+WORD_IDS_JSON_BYTES = 16
 
 
 @dataclass(frozen=True)
@@ -42,6 +56,8 @@ class FillMaskRequest:
     targets: tuple[str, ...] | None
     # Where the texts sit in the request, for errors about one of them ("inputs[2]").
     location: str = "inputs"
+    # A target of several tokens: the whole word (scored by the chain rule), or its first token.
+    multi_token_targets: MultiTokenTargets = DEFAULT_MULTI_TOKEN_TARGETS
 
 
 def inputs_body_schema(settings: Settings, properties: dict[str, Any]) -> dict[str, Any]:
@@ -82,12 +98,21 @@ def request_schema(settings: Settings) -> dict[str, Any]:
                         ],
                         "x-messages": {"oneOf": "parameters.targets must be a string or a non-empty list of strings"},
                     },
+                    "multi_token_targets": multi_token_targets_schema(),
                 },
             },
             # Older Inference API clients send {"options": {"wait_for_model": true}}; nothing to do.
             "options": {"type": ["object", "null"]},
         },
     )
+
+
+def multi_token_targets_schema() -> dict[str, Any]:
+    """How a target of several tokens is answered: the one schema every route that takes targets uses."""
+    return {
+        "enum": [*MULTI_TOKEN_TARGETS, None],
+        "x-messages": {"enum": f"parameters.multi_token_targets must be one of {', '.join(MULTI_TOKEN_TARGETS)}"},
+    }
 
 
 def json_depth(document: Any, limit: int) -> int:
@@ -224,11 +249,13 @@ class RequestParser:
         parameters = document.get("parameters") or {}
         targets = parameters.get("targets")
         top_k = parameters.get("top_k")
+        mode = parameters.get("multi_token_targets")
         return FillMaskRequest(
             texts=(inputs,) if isinstance(inputs, str) else tuple(inputs),
             batched=not isinstance(inputs, str),
             top_k=self.settings.default_top_k if top_k is None else int(top_k),
             targets=None if targets is None else ((targets,) if isinstance(targets, str) else tuple(targets)),
+            multi_token_targets=DEFAULT_MULTI_TOKEN_TARGETS if mode is None else mode,
         )
 
     def _check_list_lengths(self, document: Any) -> None:
@@ -243,48 +270,105 @@ class RequestParser:
                 f"parameters.targets holds more than {self.settings.max_targets} items", field="parameters.targets"
             )
 
-    def queries(self, request: FillMaskRequest, model: FillMaskModel) -> list[Query]:
-        """Tokenize and check every text; one :class:`Query` per text, or the first problem."""
-        target_ids: tuple[int, ...] | None = None
-        if request.targets is not None:
-            if any(not t.strip() for t in request.targets):
-                raise InvalidInput("parameters.targets must not contain empty strings", field="parameters.targets")
-            target_ids = model.resolve_targets(request.targets)
-            if not target_ids:
-                raise InvalidInput(
-                    "none of parameters.targets is in the model's vocabulary", field="parameters.targets"
-                )
+    def plans(self, request: FillMaskRequest, model: FillMaskModel) -> list[TextPlan]:
+        """Tokenize and check every text; one :class:`TextPlan` per text (its query, and the
+        copies its whole-word targets take), or the first problem."""
+        targets = self._targets(request, model)
         many = len(request.texts) > 1
-        queries = [
-            self._query(text, f"{request.location}[{index}]" if many else None, request, target_ids, model)
-            for index, text in enumerate(request.texts)
-        ]
-        self._check_answer_size(queries, model)
-        return queries
+        plans: list[TextPlan] = []
+        for index, text in enumerate(request.texts):
+            element = f"{request.location}[{index}]" if many else None
+            query = self._query(text, element, request, None if targets is None else targets.single, model)
+            if targets is not None:
+                self._check_word_lengths(query, targets, element or "the text", model)
+            plans.append(plan_text(query, targets, model.mask_token_id))
+        self._check_copies(plans)
+        self._check_answer_size(plans, model)
+        return plans
 
-    def _check_answer_size(self, queries: Sequence[Query], model: FillMaskModel) -> None:
+    def _targets(self, request: FillMaskRequest, model: FillMaskModel) -> Targets | None:
+        if request.targets is None:
+            return None
+        if any(not t.strip() for t in request.targets):
+            raise InvalidInput("parameters.targets must not contain empty strings", field="parameters.targets")
+        targets = split_targets(request.targets, model.target_tokens(request.targets), request.multi_token_targets)
+        if not targets.single and not targets.words:
+            raise InvalidInput("none of parameters.targets is in the model's vocabulary", field="parameters.targets")
+        return targets
+
+    def _check_word_lengths(self, query: Query, targets: Targets, where: str, model: FillMaskModel) -> None:
+        """A whole word of k tokens grows its text's copies by k - 1: they must fit the model too."""
+        for name, word in zip(targets.names, targets.words):
+            tokens = query.n_tokens + len(word) - 1
+            if tokens > model.max_tokens:
+                raise TextTooLong(
+                    f"the target {name[:40]!r} takes {len(word)} tokens: in place of a mask, {where} would have "
+                    f"{tokens} tokens; this model reads at most {model.max_tokens}",
+                    field="parameters.targets",
+                )
+
+    def _check_copies(self, plans: Sequence[TextPlan]) -> None:
+        """Refuse whole-word targets that take more copies than a request may queue."""
+        copies = sum(len(plan.copies) for plan in plans)
+        if not copies:
+            return
+        settings = self.settings
+        hint = "send fewer texts, masks or multi-token targets, or ask for parameters.multi_token_targets first_token"
+        if copies > settings.max_word_copies:
+            raise InvalidInput(
+                f"this request's whole-word targets take {copies} copies of its texts (one per mask and target "
+                f"token); the limit is {settings.max_word_copies} (--max-word-copies): {hint}",
+                field="parameters.targets",
+            )
+        queued = sum(len(plan.queries) for plan in plans)
+        if queued > settings.max_queue:
+            # Every copy is a queued text: more than the queue holds would be refused 503 forever.
+            raise InvalidInput(
+                f"this request queues {queued} texts with its whole-word copies; the queue holds "
+                f"{settings.max_queue} (--max-queue): {hint}",
+                field="parameters.targets",
+            )
+
+    def _check_answer_size(self, plans: Sequence[TextPlan], model: FillMaskModel) -> None:
         """Refuse, before any work, an answer too costly to make or too big to send.
 
         Every prediction decodes its whole text again (its ``sequence``), so the work after the
-        forward pass and the answer's size both grow with texts x masks x top_k x length.
+        forward pass and the answer's size both grow with texts x masks x top_k x length. A
+        whole-word copy is one more prediction, and so is each whole word decoded into the answer.
         """
         settings = self.settings
-        predictions = sum(q.predictions for q in queries)
+        queries = [plan.query for plan in plans]
+        asked = sum(q.predictions for plan in plans for q in plan.queries)
+        words = sum(plan.word_predictions for plan in plans)
+        predictions = asked + words
         if predictions > settings.max_predictions:
             masks = sum(q.n_masks for q in queries)
+            extra = predictions - sum(q.predictions for q in queries)
+            whole = f", {extra} of them for whole-word targets" if words else ""
             raise TooManyPredictions(
                 f"this request asks for {predictions} predictions ({len(queries)} texts with {masks} masks, "
-                f"top_k {queries[0].top_k}); the limit is {settings.max_predictions}: ask for a smaller top_k, "
-                "or send fewer texts or masks"
+                f"top_k {queries[0].top_k}{whole}); the limit is {settings.max_predictions}: ask for a smaller "
+                "top_k, or send fewer texts, masks or targets"
             )
         # The list brackets and separators, then each text's predictions at their largest.
-        size = 2 + sum(2 + q.predictions * model.prediction_bytes(q.input_ids) for q in queries)
+        size = 2 + sum(2 + self._answer_bytes(plan, model) for plan in plans)
         if size > settings.max_response_bytes:
+            answered = sum(plan.answer_predictions for plan in plans)
             raise ResponseTooLarge(
-                f"the answer could take up to {size} bytes (each of its {predictions} predictions repeats its "
+                f"the answer could take up to {size} bytes (each of its {answered} predictions repeats its "
                 f"whole text), more than the limit of {settings.max_response_bytes}: ask for a smaller top_k, or "
                 "send fewer or shorter texts"
             )
+
+    @staticmethod
+    def _answer_bytes(plan: TextPlan, model: FillMaskModel) -> int:
+        """At most how many bytes a text's answer takes: its predictions, each at its largest."""
+        ids = plan.query.input_ids
+        largest = model.prediction_bytes(ids)
+        for word in plan.words:
+            # The word is in the sequence and in token_str, and its ids are listed ("tokens").
+            largest = max(largest, model.prediction_bytes((*ids, *word, *word)) + WORD_IDS_JSON_BYTES * (len(word) + 1))
+        return plan.answer_predictions * largest
 
     def _query(
         self,

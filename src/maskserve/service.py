@@ -12,6 +12,7 @@ stages and the probes sit above it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
@@ -24,7 +25,7 @@ from .costs import Work
 from .errors import NotFound
 from .lifecycle import Lifecycle
 from .metrics import Metrics, Peers
-from .model_api import FillMaskModel, Query
+from .model_api import FillMaskModel, Query, text_answer_json
 from .models_config import ModelConfig, model_configs
 from .oip_schemas import InferRequestParser
 from .scheduler import Scheduler
@@ -32,12 +33,16 @@ from .schemas import FillMaskRequest, RequestParser
 from .score_schemas import ScoreRequest, ScoreRequestParser
 from .settings import Settings
 from .traces import RequestTrace
+from .whole_words import FillWord, TextPlan, text_predictions
 from .work_queue import Answer
 
 # Texts up to this many characters in all are tokenized on the event loop: a hop to the tokenizer
 # thread costs more than they do. Longer ones go to that thread, where the tokenizer releases the
 # interpreter lock, so no request's texts can hold the event loop (and /livez) for long.
 INLINE_TOKENIZE_CHARS = 512
+# Whole words decoded into answers, times their texts' tokens, up to which they are decoded on the
+# event loop; more go to the tokenizer's thread, so no request's answer can hold the loop for long.
+INLINE_DECODE_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -190,15 +195,30 @@ class FillMaskService:
         """Admission at the door, before the body is read: every route that queues work asks this."""
         (served or self.default).loaded.admission.at_door(deadline - asyncio.get_running_loop().time())
 
-    async def queries(self, parsed: FillMaskRequest, served: ServedModel | None = None) -> list[Query]:
-        """Tokenize and check a parsed request's texts (a 4xx names the first problem), off the
-        event loop unless they are short."""
+    async def plans(self, parsed: FillMaskRequest, served: ServedModel | None = None) -> list[TextPlan]:
+        """Tokenize and check a parsed request's texts and targets for ``served`` (the default
+        model) (a 4xx names the first problem), off the event loop unless they are short."""
         served = served or self.default
         model = served.loaded.model
-        if sum(len(text) for text in parsed.texts) <= INLINE_TOKENIZE_CHARS:
-            return served.parser.queries(parsed, model)
+        chars = sum(len(text) for text in (*parsed.texts, *(parsed.targets or ())))
+        if chars <= INLINE_TOKENIZE_CHARS:
+            return served.parser.plans(parsed, model)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._parts().tokenizer, served.parser.queries, parsed, model)
+        return await loop.run_in_executor(self._parts().tokenizer, served.parser.plans, parsed, model)
+
+    async def text_answers(
+        self, plans: Sequence[TextPlan], answers: Sequence[Answer], served: ServedModel | None = None
+    ) -> list[Answer]:
+        """One answer per text from the answers to its plan's queries, in order: its own, or its
+        own and its whole words combined (decoded off the event loop unless they are few)."""
+        if not any(plan.has_words for plan in plans):
+            return list(answers)
+        model = (served or self.default).loaded.model
+        decoded = sum(plan.word_predictions * plan.query.n_tokens for plan in plans)
+        if decoded <= INLINE_DECODE_TOKENS:
+            return combined_answers(plans, answers, model.fill_word)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._parts().tokenizer, combined_answers, plans, answers, model.fill_word)
 
     async def score_copies(self, parsed: ScoreRequest, served: ServedModel | None = None) -> list[list[Query]]:
         """Tokenize a parsed ``/score`` request's texts into their masked copies (a 4xx names the
@@ -223,3 +243,30 @@ class FillMaskService:
         answers = await parts.batcher.answer(queries, deadline, trace.link)
         trace.served(answers, queued_ns)
         return answers
+
+
+def combined_answers(plans: Sequence[TextPlan], answers: Sequence[Answer], fill: FillWord) -> list[Answer]:
+    """Per text, its queries' answers as one: its predictions with the whole words scored and
+    decoded in, as JSON, served as its slowest query was."""
+    per_text: list[Answer] = []
+    start = 0
+    for plan in plans:
+        own = answers[start : start + len(plan.queries)]
+        start += len(plan.queries)
+        if not plan.has_words:
+            per_text.append(own[0])
+            continue
+        predictions = text_predictions(plan, [a.predictions for a in own], fill)
+        per_text.append(
+            dataclasses.replace(
+                own[0],
+                predictions=predictions,
+                json=text_answer_json(predictions),
+                queued_s=max(a.queued_s for a in own),
+                inference_s=max(a.inference_s for a in own),
+                batch_size=max(a.batch_size for a in own),
+            )
+        )
+    if start != len(answers):
+        raise RuntimeError(f"{len(answers)} answers for {start} queries; this is a bug")
+    return per_text

@@ -319,6 +319,13 @@ class Settings:
         "Most tokens POST /score scores in one text. Each token is one masked copy of the whole text, "
         "queued and read like a text of its own, so a text's cost grows with the square of its length.",
     )
+    max_word_copies: int = _setting(
+        64,
+        _positive_int,
+        "Most copies of its texts one fill-mask request's whole-word targets may take. A target of k "
+        "tokens is scored on each mask by k copies of the text, each queued and read like a text of its "
+        "own, so a request's cost grows with its texts x masks x the targets' tokens.",
+    )
     max_response_bytes: int = _setting(
         4 * 1_048_576,
         _positive_int,
@@ -527,6 +534,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "max_masks_per_text",
         "max_predictions",
         "max_score_tokens",
+        "max_word_copies",
         "max_response_bytes",
     ),
     "server": ("host", "port", "workers", "drain_delay", "drain_timeout", "middleware", "api_key", "cors_origins"),
@@ -597,6 +605,12 @@ def contradictions(settings: Settings) -> Iterator[tuple[str, str, str]]:
             "max_score_tokens",
             "max_queue",
             "each scored token is one queued copy of its text, so a text at the limit could never be queued",
+        )
+    if settings.max_word_copies > settings.max_queue:
+        yield (
+            "max_word_copies",
+            "max_queue",
+            "each whole-word copy is one queued text, so a request at the limit could never be queued",
         )
     if settings.default_top_k > settings.max_top_k:
         yield "default_top_k", "max_top_k", "a request that names no top_k would ask for more than any request may"

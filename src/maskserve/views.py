@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from .errors import ResponseTooLarge
-from .handling import answer, read_body, request_media_type, served_model, timing_headers
+from .handling import answer, read_body, request_media_type, served_model, text_answers, timing_headers
 from .keys import service_of, state_of
 from .metrics import merge_expositions
 from .schemas import FillMaskRequest, response_body
@@ -38,8 +38,8 @@ async def fill_mask(request: web.Request) -> web.Response:
     with state_of(request).trace.step("maskserve.parse"):
         body = await read_body(request)
         parsed = served.parser.parse(body, request_media_type(request))
-        queries = await service.queries(parsed, served)
-    answers = await answer(request, queries, served)
+        plans = await service.plans(parsed, served)
+    answers = await text_answers(request, plans, served)
     return json_answer(served.settings.max_response_bytes, parsed, answers)
 
 

@@ -290,21 +290,33 @@ class FillMaskEngine:
         A word outside the vocabulary stands for its first sub-token; one that tokenizes to
         nothing is dropped. Duplicates are removed. May return an empty tuple.
         """
-        ids: list[int] = []
+        return tuple(dict.fromkeys(word[0] for word in self.target_tokens(targets) if word))
+
+    def target_tokens(self, targets: Sequence[str]) -> tuple[tuple[int, ...], ...]:
+        """Each target's token ids, tokenized as the pipeline tokenizes a target for its first token:
+        a vocabulary entry is its one id; anything else is tokenized as written, without special
+        tokens, so a byte-level BPE target keeps or lacks its leading space as given (" york", not
+        "york", is the word after a space). Empty for a target that tokenizes to nothing.
+        """
+        words: list[tuple[int, ...]] = []
         for target in targets:
             id_ = self._vocab.get(target)
-            if id_ is None:
-                # No truncation (max_length=1): setting it changes the shared tokenizer's state,
-                # which would race the inference thread's decoding.
-                pieces = self.tokenizer(
-                    target, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False
-                )["input_ids"]
-                if not pieces:
-                    continue
-                id_ = pieces[0]
-            if id_ not in ids:
-                ids.append(id_)
-        return tuple(ids)
+            if id_ is not None:
+                words.append((id_,))
+                continue
+            # No truncation (the pipeline's max_length=1 keeps the first token only): setting it
+            # changes the shared tokenizer's state, which would race the inference thread's decoding.
+            pieces = self.tokenizer(
+                target, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False
+            )["input_ids"]
+            words.append(tuple(pieces))
+        return tuple(words)
+
+    def fill_word(self, input_ids: Sequence[int], position: int, word: Sequence[int]) -> tuple[str, str]:
+        """The word's text and the text with it put in at ``position``, decoded as a single
+        token's ``token_str`` and ``sequence`` are (see :meth:`_filled_sequence`)."""
+        single_mask = self.count_masks(input_ids) == 1
+        return self.tokenizer.decode(list(word)), self._filled_sequence(input_ids, position, word, single_mask)
 
     def prediction_bytes(self, input_ids: Sequence[int]) -> int:
         """At most how many bytes one prediction for this text takes in the JSON answer.
@@ -403,10 +415,19 @@ class FillMaskEngine:
 
     def _fill_sequences(self, query: Query, position: int, predictions: list[Prediction], single_mask: bool) -> None:
         """Fill in ``sequence`` as the pipeline does: the text with this one candidate put in."""
-        ids = np.array(query.input_ids, dtype=np.int64)
         for prediction in predictions:
-            filled = ids.copy()
-            filled[position] = prediction["token"]
-            # The pipeline strips pad tokens after filling the mask.
-            filled = filled[filled != self.pad_token_id]
-            prediction["sequence"] = self.tokenizer.decode(filled.tolist(), skip_special_tokens=single_mask)
+            prediction["sequence"] = self._filled_sequence(
+                query.input_ids, position, (prediction["token"],), single_mask
+            )
+
+    def _filled_sequence(
+        self, input_ids: Sequence[int], position: int, tokens: Sequence[int], single_mask: bool
+    ) -> str:
+        """The text with ``tokens`` in place of the mask at ``position``, decoded as the pipeline
+        decodes a filled text: pad tokens stripped after filling, and special tokens (other masks
+        among them) kept when the text has several masks."""
+        filled = [*input_ids[:position], *tokens, *input_ids[position + 1 :]]
+        text: str = self.tokenizer.decode(
+            [i for i in filled if i != self.pad_token_id], skip_special_tokens=single_mask
+        )
+        return text
