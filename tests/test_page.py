@@ -23,16 +23,26 @@ class Page(HTMLParser):
         super().__init__()
         self.textarea: str | None = None
         self.textarea_attrs: dict[str, str | None] = {}
+        self.sentences: str | None = None
+        self.sentences_attrs: dict[str, str | None] = {}
         self.top_k_attrs: dict[str, str | None] = {}
+        self.metric_attrs: dict[str, str | None] = {}
+        self.selected_metric: str | None = None
         self.error = ""
         self.error_hidden = False
+        self.score_error = ""
+        self.score_error_hidden = False
+        self.sentence_scores: list[str] = []
+        self.scored_sentences: list[str] = []
+        self.log_probs: list[str] = []
+        self.score_tokens: list[str] = []
         self.words: list[str] = []
         self.percents: list[str] = []
         self.bar_widths: list[int] = []
         self.marks: list[str] = []
         self.example_links: list[str] = []
         self.scripts: list[dict[str, str | None]] = []
-        self.form_attrs: dict[str, str | None] = {}
+        self.forms: dict[str, dict[str, str | None]] = {}
         self.texts_by_id: dict[str, str] = {}
         self._open: list[tuple[str, str | None, set[str]]] = []
         self.feed(html)
@@ -41,12 +51,18 @@ class Page(HTMLParser):
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         attributes = dict(attrs)
         classes = set((attributes.get("class") or "").split())
-        if tag == "textarea":
+        if tag == "textarea" and attributes.get("id") == "sentences":
+            self.sentences, self.sentences_attrs = "", attributes
+        elif tag == "textarea":
             self.textarea, self.textarea_attrs = "", attributes
+        elif tag == "select" and attributes.get("name") == "metric":
+            self.metric_attrs = attributes
+        elif tag == "option" and "selected" in attributes:
+            self.selected_metric = attributes.get("value")
         elif tag == "input" and attributes.get("name") == "top_k":
             self.top_k_attrs = attributes
         elif tag == "form":
-            self.form_attrs = attributes
+            self.forms[attributes.get("id") or ""] = attributes
         elif tag == "script":
             self.scripts.append(attributes)
         elif tag == "a" and "example" in classes:
@@ -55,12 +71,18 @@ class Page(HTMLParser):
             self.bar_widths += [int(c[2:]) for c in classes if c.startswith("w-")]
         if attributes.get("id") == "form-error":
             self.error_hidden = "hidden" in attributes
+        if attributes.get("id") == "score-error":
+            self.score_error_hidden = "hidden" in attributes
         if tag not in {"input", "link", "meta", "br"}:
             self._open.append((tag, attributes.get("id"), classes))
 
     def handle_endtag(self, tag: str) -> None:
-        if tag == "textarea" and self.textarea is not None and self.textarea.startswith("\n"):
-            self.textarea = self.textarea[1:]  # as browsers do (HTML spec: one newline after the tag)
+        # As browsers do (HTML spec): one newline right after <textarea> is dropped.
+        closing = self._open[-1][1] if self._open and self._open[-1][0] == "textarea" else None
+        if closing == "sentences" and self.sentences is not None and self.sentences.startswith("\n"):
+            self.sentences = self.sentences[1:]
+        elif closing == "text" and self.textarea is not None and self.textarea.startswith("\n"):
+            self.textarea = self.textarea[1:]
         while self._open:
             if self._open.pop()[0] == tag:
                 break
@@ -71,10 +93,23 @@ class Page(HTMLParser):
                 self.texts_by_id[element_id] = self.texts_by_id.get(element_id, "") + data
             if element_id == "form-error":
                 self.error += data
-            if tag == "textarea" and self.textarea is not None:
+            if element_id == "score-error":
+                self.score_error += data
+            if element_id == "sentences" and self.sentences is not None:
+                self.sentences += data
+            elif tag == "textarea" and self.textarea is not None:
                 self.textarea += data
         tag, _, classes = self._open[-1] if self._open else ("", None, set())
-        if tag == "td" and "word" in classes:
+        in_scores = any(t == "table" and "scores" in c for t, _, c in self._open)
+        if tag == "td" and "word" in classes and in_scores:
+            self.score_tokens.append(data)
+        elif tag == "span" and "sentence-score" in classes:
+            self.sentence_scores.append(data)
+        elif tag == "span" and "scored-sentence" in classes:
+            self.scored_sentences.append(data)
+        elif tag == "span" and "logp" in classes:
+            self.log_probs.append(data)
+        elif tag == "td" and "word" in classes:
             self.words.append(data)
         elif tag == "span" and "pct" in classes:
             self.percents.append(data)
@@ -95,7 +130,8 @@ async def test_page_shows_model_mask_token_and_examples(make_client: ClientFacto
     assert page.texts_by_id["mask-token"] == "[MASK]"
     assert page.texts_by_id["model-name"].strip()
     assert page.texts_by_id["model-runs-on"] == "cpu · float32"
-    assert page.form_attrs["action"] == "/demo" and page.form_attrs["method"] == "post"
+    assert page.forms["fill-form"]["action"] == "/demo" and page.forms["fill-form"]["method"] == "post"
+    assert page.forms["score-form"]["action"] == "/demo/score" and page.forms["score-form"]["method"] == "post"
     assert len(page.example_links) >= 3
     assert all(link.startswith("/?text=") and "%5BMASK%5D" in link for link in page.example_links)
     assert page.words == [] and page.error_hidden
@@ -339,3 +375,146 @@ async def test_bad_timeout_header_is_shown_inline(make_client: ClientFactory) ->
     page = Page(await response.text())
     assert "X-Request-Timeout" in page.error
     assert page.textarea == PARIS
+
+
+# -- the scoring form --------------------------------------------------------------------------
+
+SENTENCES = ["the cat sat on the mat.", "unbelievably, the dog barked."]
+
+
+async def test_page_shows_an_empty_scoring_form_with_the_default_metric(make_client: ClientFactory) -> None:
+    client = await make_client()
+    page = Page(await (await client.get("/")).text())
+    assert page.sentences == "" and page.selected_metric == "original"
+    assert page.score_error_hidden and page.sentence_scores == []
+
+
+async def test_score_form_shows_what_post_score_answers_with_a_bar_per_token(make_client: ClientFactory) -> None:
+    client = await make_client()
+    for metric in ("original", "within_word_l2r"):
+        request = {"inputs": SENTENCES, "parameters": {"metric": metric, "tokens": True}}
+        api = await (await client.post("/score", json=request)).json()
+        typed = "\n".join(SENTENCES)
+        response = await client.post("/demo/score", data={"sentences": typed, "metric": metric})
+        assert response.status == 200
+        assert response.headers["Cache-Control"] == "no-store"
+        assert {"X-Queue-Time-Ms", "X-Inference-Time-Ms", "X-Batch-Size"} <= set(response.headers)
+        page = Page(await response.text())
+        assert page.scored_sentences == SENTENCES
+        assert page.sentence_scores == [f"{text['score']:.2f}" for text in api]
+        tokens = [token for text in api for token in text["tokens"]]
+        assert page.score_tokens == [token["token_str"] for token in tokens]
+        assert page.log_probs == [f"{token['score']:.2f}" for token in tokens]
+        # One bar per token, longer for a likelier token, never empty.
+        assert len(page.bar_widths) == len(tokens) and all(1 <= width <= 100 for width in page.bar_widths)
+        by_likelihood = [w for _, w in sorted(zip([t["score"] for t in tokens], page.bar_widths))]
+        assert by_likelihood == sorted(by_likelihood)
+        assert page.sentences == typed and page.selected_metric == metric
+        assert page.score_error_hidden and page.words == []
+
+
+async def test_score_form_skips_blank_lines(make_client: ClientFactory) -> None:
+    client = await make_client()
+    typed = f"\n{SENTENCES[0]}\n\n   \n{SENTENCES[1]}\n"
+    page = Page(await (await client.post("/demo/score", data={"sentences": typed})).text())
+    assert page.scored_sentences == SENTENCES
+    assert page.sentences == typed
+
+
+async def test_empty_score_form_is_shown_inline(make_client: ClientFactory) -> None:
+    client = await make_client()
+    response = await client.post("/demo/score", data={"sentences": " \n  ", "metric": "within_word_l2r"})
+    assert response.status == 422
+    page = Page(await response.text())
+    assert not page.score_error_hidden and "no sentence to score" in page.score_error
+    assert page.sentences_attrs["aria-invalid"] == "true"
+    assert page.sentences == " \n  " and page.selected_metric == "within_word_l2r"
+    assert page.error_hidden  # the fill-mask form's own error box stays empty
+    assert client.app[SERVICE_KEY].batcher.batches_run == 0
+
+
+async def test_too_many_sentences_are_shown_inline(make_client: ClientFactory) -> None:
+    client = await make_client(max_inputs=2)
+    typed = "\n".join(["one.", "two.", "three."])
+    response = await client.post("/demo/score", data={"sentences": typed})
+    assert response.status == 422
+    page = Page(await response.text())
+    assert "3 sentences" in page.score_error and "limit is 2" in page.score_error
+    assert page.sentences == typed
+    assert client.app[SERVICE_KEY].batcher.batches_run == 0
+
+
+async def test_a_sentence_over_the_score_token_limit_is_named_by_its_number(make_client: ClientFactory) -> None:
+    client = await make_client(max_score_tokens=4)
+    response = await client.post("/demo/score", data={"sentences": "short.\nthis one is far too long to score."})
+    assert response.status == 422
+    page = Page(await response.text())
+    assert "Sentence 2 has 9 tokens" in page.score_error and "--max-score-tokens" in page.score_error
+    assert page.sentences_attrs["aria-invalid"] == "true"
+
+
+async def test_unknown_metric_marks_the_metric_field(make_client: ClientFactory) -> None:
+    client = await make_client()
+    response = await client.post("/demo/score", data={"sentences": SENTENCES[0], "metric": "l2r"})
+    assert response.status == 422
+    page = Page(await response.text())
+    assert "Check the metric" in page.score_error and "within_word_l2r" in page.score_error
+    assert page.metric_attrs["aria-invalid"] == "true"
+    assert "aria-invalid" not in page.sentences_attrs
+    assert page.sentences == SENTENCES[0]
+
+
+async def test_script_sentence_is_escaped_in_the_box_and_the_scores(make_client: ClientFactory) -> None:
+    client = await make_client()
+    response = await client.post("/demo/score", data={"sentences": "<script>alert(1)</script>"})
+    assert response.status == 200
+    html = await response.text()
+    assert "<script>alert(1)" not in html
+    page = Page(html)
+    assert page.sentences == "<script>alert(1)</script>"
+    assert page.scored_sentences == ["<script>alert(1)</script>"]
+
+
+async def test_full_queue_is_shown_inline_on_the_score_form(make_client: ClientFactory) -> None:
+    model = ControlledModel()
+    client = await make_client(engine=model, max_queue=8, max_score_tokens=8, max_inputs=8)
+    batcher = client.app[SERVICE_KEY].batcher
+    model.hold()
+    loop = asyncio.get_running_loop()
+    query = Query(input_ids=model.encode("a [MASK]"), top_k=1)
+    running = batcher.enqueue(query, loop.time() + 60)
+    try:
+        await loop.run_in_executor(None, model.entered.wait, 10)
+        waiting = [batcher.enqueue(query, loop.time() + 60) for _ in range(6)]  # 2 of 8 slots left
+        response = await client.post("/demo/score", data={"sentences": "one two three", "metric": "original"})
+        assert response.status == 503
+        assert int(response.headers["Retry-After"]) >= 1
+        page = Page(await response.text())
+        assert "busy" in page.score_error
+        assert page.sentences == "one two three"
+    finally:
+        model.release()
+    await asyncio.gather(running, *waiting)
+
+
+async def test_deadline_is_shown_inline_on_the_score_form(make_client: ClientFactory) -> None:
+    model = ControlledModel()
+    client = await make_client(engine=model)
+    model.hold()
+    try:
+        response = await client.post(
+            "/demo/score", data={"sentences": SENTENCES[0]}, headers={"X-Request-Timeout": "0.2"}
+        )
+        assert response.status == 504
+        page = Page(await response.text())
+        assert "too long" in page.score_error
+        assert page.sentences == SENTENCES[0]
+    finally:
+        model.release()
+
+
+async def test_get_demo_score_sends_the_browser_back_to_the_page(make_client: ClientFactory) -> None:
+    client = await make_client()
+    response = await client.get("/demo/score", allow_redirects=False)
+    assert response.status == 303
+    assert response.headers["Location"] == "/"

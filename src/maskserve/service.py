@@ -117,15 +117,15 @@ class FillMaskService:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(parts.tokenizer, self.parser.queries, parsed, parts.model)
 
-    async def score_copies(self, parsed: ScoreRequest) -> list[list[Query]]:
+    async def score_copies(self, parsed: ScoreRequest, element: str = "inputs[{index}]") -> list[list[Query]]:
         """Tokenize a parsed ``/score`` request's texts into their masked copies (a 4xx names the
-        first problem), off the event loop unless they are short: a text's copies grow with the
-        square of its length."""
+        first problem, a text of several by ``element``), off the event loop unless they are short:
+        a text's copies grow with the square of its length."""
         parts = self._parts()
         if sum(len(text) for text in parsed.texts) <= INLINE_TOKENIZE_CHARS:
-            return self.score_parser.copies(parsed, parts.model)
+            return self.score_parser.copies(parsed, parts.model, element)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(parts.tokenizer, self.score_parser.copies, parsed, parts.model)
+        return await loop.run_in_executor(parts.tokenizer, self.score_parser.copies, parsed, parts.model, element)
 
     async def answer(self, queries: Sequence[Query], deadline: float, trace: RequestTrace) -> list[Answer]:
         """Admit a request on its whole cost, queue its texts and wait for their answers, traced."""
