@@ -13,6 +13,8 @@ ROUTE_ROLES = RouteRoles(
     # and only these. Health, metrics, info and the demo page's GET are never shed; the page's forms
     # (POST /demo, POST /demo/score) ask the same admission themselves, to show a refusal inline.
     inference=frozenset({"fill_mask", "score", "oip_infer", "oip_infer_version"}),
+    # The page's forms queue work too; the alert rules and the dashboard count them with the above.
+    forms=frozenset({"demo", "demo_score"}),
     # Open without an API key: probes (they cannot be expected to hold secrets) and the demo
     # page's GETs, which run nothing. Unknown paths need the key, so the routes cannot be mapped.
     public=frozenset(

@@ -46,6 +46,15 @@ class RouteRoles:
     inference: frozenset[str] = frozenset()
     # Route names answered without an API key (probes, the demo page's GETs).
     public: frozenset[str] = frozenset()
+    # The demo page's forms: they queue work for the model as well, but ask admission themselves to
+    # show a refusal inline, so the circuit-breaking stage leaves them to it.
+    forms: frozenset[str] = frozenset()
+
+    @property
+    def model_work(self) -> frozenset[str]:
+        """Every route that queues work for the model: the requests the alert rules and the
+        dashboard count (deploy/), and tests/test_routes.py holds them to it."""
+        return self.inference | self.forms
 
 
 @dataclass(frozen=True)
