@@ -321,7 +321,8 @@ def _demo_score(settings: Settings) -> Schema:
                 "type": "string",
                 "description": f"One sentence a line (blank lines skipped), at most {settings.max_inputs}.",
             },
-            "metric": {"enum": list(METRICS), "default": DEFAULT_METRIC},
+            # As the page's select sends it; left empty, the default (as POST /score's is).
+            "metric": {"enum": [*METRICS, ""], "default": DEFAULT_METRIC},
         },
     }
     page = {"type": "string"}

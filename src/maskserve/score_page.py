@@ -43,7 +43,9 @@ def nats(log_prob: float) -> str:
 
 def bar_width(log_prob: float) -> int:
     """1-100 on the log scale of :data:`LOG_PROB_FLOOR`; at least a sliver, since 0 reads as "impossible"."""
-    return max(1, min(100, round(100 * (1 - log_prob / LOG_PROB_FLOOR))))
+    # Clamped first: the most negative float (an underflowed probability) would overflow the arithmetic.
+    clamped = min(0.0, max(LOG_PROB_FLOOR, log_prob))
+    return max(1, round(100 * (1 - clamped / LOG_PROB_FLOOR)))
 
 
 def score_result(texts: Sequence[str], scores: Sequence[TextScore], answers: Sequence[Answer]) -> ScoreResult:
