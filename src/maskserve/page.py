@@ -314,6 +314,8 @@ def render(
         "metrics": METRIC_LABELS,
         "max_inputs": settings.max_inputs,
         "max_score_tokens": settings.max_score_tokens,
+        # A scoring request's copies in all: POST /score refuses more than the queue holds.
+        "max_queue": settings.max_queue,
         # For the curl line in the footer: this server as the browser reached it (escaped).
         "origin": str(request.url.origin()),
     }
