@@ -23,16 +23,26 @@ class Page(HTMLParser):
         super().__init__()
         self.textarea: str | None = None
         self.textarea_attrs: dict[str, str | None] = {}
+        self.sentences: str | None = None
+        self.sentences_attrs: dict[str, str | None] = {}
         self.top_k_attrs: dict[str, str | None] = {}
+        self.metric_attrs: dict[str, str | None] = {}
+        self.selected_metric: str | None = None
         self.error = ""
         self.error_hidden = False
+        self.score_error = ""
+        self.score_error_hidden = False
+        self.sentence_scores: list[str] = []
+        self.scored_sentences: list[str] = []
+        self.log_probs: list[str] = []
+        self.score_tokens: list[str] = []
         self.words: list[str] = []
         self.percents: list[str] = []
         self.bar_widths: list[int] = []
         self.marks: list[str] = []
         self.example_links: list[str] = []
         self.scripts: list[dict[str, str | None]] = []
-        self.form_attrs: dict[str, str | None] = {}
+        self.forms: dict[str, dict[str, str | None]] = {}
         self.texts_by_id: dict[str, str] = {}
         self._open: list[tuple[str, str | None, set[str]]] = []
         self.feed(html)
@@ -41,12 +51,18 @@ class Page(HTMLParser):
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         attributes = dict(attrs)
         classes = set((attributes.get("class") or "").split())
-        if tag == "textarea":
+        if tag == "textarea" and attributes.get("id") == "sentences":
+            self.sentences, self.sentences_attrs = "", attributes
+        elif tag == "textarea":
             self.textarea, self.textarea_attrs = "", attributes
+        elif tag == "select" and attributes.get("name") == "metric":
+            self.metric_attrs = attributes
+        elif tag == "option" and "selected" in attributes:
+            self.selected_metric = attributes.get("value")
         elif tag == "input" and attributes.get("name") == "top_k":
             self.top_k_attrs = attributes
         elif tag == "form":
-            self.form_attrs = attributes
+            self.forms[attributes.get("id") or ""] = attributes
         elif tag == "script":
             self.scripts.append(attributes)
         elif tag == "a" and "example" in classes:
@@ -55,12 +71,18 @@ class Page(HTMLParser):
             self.bar_widths += [int(c[2:]) for c in classes if c.startswith("w-")]
         if attributes.get("id") == "form-error":
             self.error_hidden = "hidden" in attributes
+        if attributes.get("id") == "score-error":
+            self.score_error_hidden = "hidden" in attributes
         if tag not in {"input", "link", "meta", "br"}:
             self._open.append((tag, attributes.get("id"), classes))
 
     def handle_endtag(self, tag: str) -> None:
-        if tag == "textarea" and self.textarea is not None and self.textarea.startswith("\n"):
-            self.textarea = self.textarea[1:]  # as browsers do (HTML spec: one newline after the tag)
+        # As browsers do (HTML spec): one newline right after <textarea> is dropped.
+        closing = self._open[-1][1] if self._open and self._open[-1][0] == "textarea" else None
+        if closing == "sentences" and self.sentences is not None and self.sentences.startswith("\n"):
+            self.sentences = self.sentences[1:]
+        elif closing == "text" and self.textarea is not None and self.textarea.startswith("\n"):
+            self.textarea = self.textarea[1:]
         while self._open:
             if self._open.pop()[0] == tag:
                 break
@@ -71,10 +93,23 @@ class Page(HTMLParser):
                 self.texts_by_id[element_id] = self.texts_by_id.get(element_id, "") + data
             if element_id == "form-error":
                 self.error += data
-            if tag == "textarea" and self.textarea is not None:
+            if element_id == "score-error":
+                self.score_error += data
+            if element_id == "sentences" and self.sentences is not None:
+                self.sentences += data
+            elif tag == "textarea" and self.textarea is not None:
                 self.textarea += data
         tag, _, classes = self._open[-1] if self._open else ("", None, set())
-        if tag == "td" and "word" in classes:
+        in_scores = any(t == "table" and "scores" in c for t, _, c in self._open)
+        if tag == "td" and "word" in classes and in_scores:
+            self.score_tokens.append(data)
+        elif tag == "span" and "sentence-score" in classes:
+            self.sentence_scores.append(data)
+        elif tag == "span" and "scored-sentence" in classes:
+            self.scored_sentences.append(data)
+        elif tag == "span" and "logp" in classes:
+            self.log_probs.append(data)
+        elif tag == "td" and "word" in classes:
             self.words.append(data)
         elif tag == "span" and "pct" in classes:
             self.percents.append(data)
@@ -95,7 +130,8 @@ async def test_page_shows_model_mask_token_and_examples(make_client: ClientFacto
     assert page.texts_by_id["mask-token"] == "[MASK]"
     assert page.texts_by_id["model-name"].strip()
     assert page.texts_by_id["model-runs-on"] == "cpu · float32"
-    assert page.form_attrs["action"] == "/demo" and page.form_attrs["method"] == "post"
+    assert page.forms["fill-form"]["action"] == "/demo" and page.forms["fill-form"]["method"] == "post"
+    assert page.forms["score-form"]["action"] == "/demo/score" and page.forms["score-form"]["method"] == "post"
     assert len(page.example_links) >= 3
     assert all(link.startswith("/?text=") and "%5BMASK%5D" in link for link in page.example_links)
     assert page.words == [] and page.error_hidden

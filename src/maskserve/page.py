@@ -3,6 +3,7 @@
 Routes (see routes.py):
 - ``GET /`` renders the page. ``?text=`` and ``?top_k=`` only fill in the form (the example
   links), they never run the model: a GET stays cheap, and prefetchers or crawlers queue no work.
+- ``POST /demo/score`` takes the scoring form (score_page.py) and answers the same page.
 - ``POST /demo`` takes the form (``application/x-www-form-urlencoded``) and answers the page with
   the predictions, or with the error inline and the typed text kept. The form cannot post to
   ``/``: ``POST /`` reads *any* non-JSON body as raw text (``curl -d`` sends urlencoded), so a
@@ -39,6 +40,8 @@ from .handling import admit_at_door, note_error, read_form, text_answers, timing
 from .keys import service_of, state_of
 from .model_api import Prediction, describe_model
 from .schemas import FillMaskRequest
+from .score_schemas import DEFAULT_METRIC
+from .scoring import Metric
 from .settings import Settings
 from .work_queue import Answer
 
@@ -118,6 +121,54 @@ class PageError:
     title: str
     message: str
     field: str = "text"
+
+
+# -- what the scoring form shows (score_page.py fills it in) ------------------------------------
+
+# What the form's metric choice says, in the order shown.
+METRIC_LABELS: dict[Metric, str] = {
+    "original": "original: each token masked alone",
+    "within_word_l2r": "within_word_l2r: the rest of its word masked too",
+}
+
+
+@dataclass(frozen=True)
+class TokenBar:
+    """One token of a scored sentence: its text, its log-probability, and its bar's width class."""
+
+    token: str
+    log_prob: str
+    # 1-100 (score_page.LOG_PROB_FLOOR); one CSS class per step, because the CSP forbids inline styles.
+    width: int
+
+
+@dataclass(frozen=True)
+class SentenceScore:
+    """A scored sentence as the page shows it."""
+
+    text: str
+    score: str
+    tokens: tuple[TokenBar, ...]
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    """Every sentence's score, and how the request was served (the slowest copy's figures)."""
+
+    sentences: tuple[SentenceScore, ...]
+    queued_ms: str
+    computing_ms: str
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class ScoreForm:
+    """The scoring form as the page shows it: what was typed, and its answer or its error."""
+
+    sentences: str = ""
+    metric: str = DEFAULT_METRIC
+    result: ScoreResult | None = None
+    error: PageError | None = None
 
 
 def display_name(name: str) -> str:
@@ -239,7 +290,9 @@ def render(
     error: PageError | None = None,
     status: int = 200,
     headers: Mapping[str, str] | None = None,
+    scoring: ScoreForm | None = None,
 ) -> web.Response:
+    """The page; ``scoring`` is the scoring form's state (score_page.py), empty when None."""
     service = service_of(request.app)
     model, settings = service.model, service.settings
     examples = [example.format(mask=model.mask_token) for example in EXAMPLES]
@@ -257,6 +310,12 @@ def render(
         "examples": [(example, "/?" + urlencode({"text": example})) for example in examples],
         "result": result,
         "error": error,
+        "scoring": scoring or ScoreForm(),
+        "metrics": METRIC_LABELS,
+        "max_inputs": settings.max_inputs,
+        "max_score_tokens": settings.max_score_tokens,
+        # A scoring request's copies in all: POST /score refuses more than the queue holds.
+        "max_queue": settings.max_queue,
         # For the curl line in the footer: this server as the browser reached it (escaped).
         "origin": str(request.url.origin()),
     }

@@ -51,6 +51,15 @@ class RouteRoles:
     inference: frozenset[str] = frozenset()
     # Route names answered without an API key (probes, the demo page's GETs).
     public: frozenset[str] = frozenset()
+    # The demo page's forms: they queue work for the model as well, but ask admission themselves to
+    # show a refusal inline, so the circuit-breaking stage leaves them to it.
+    forms: frozenset[str] = frozenset()
+
+    @property
+    def model_work(self) -> frozenset[str]:
+        """Every route that queues work for the model: the requests the alert rules and the
+        dashboard count (deploy/), and tests/test_routes.py holds them to it."""
+        return self.inference | self.forms
 
 
 @dataclass(frozen=True)
@@ -135,15 +144,15 @@ class FillMaskService:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._parts().tokenizer, combined_answers, plans, answers, model.fill_word)
 
-    async def score_copies(self, parsed: ScoreRequest) -> list[list[Query]]:
+    async def score_copies(self, parsed: ScoreRequest, element: str = "inputs[{index}]") -> list[list[Query]]:
         """Tokenize a parsed ``/score`` request's texts into their masked copies (a 4xx names the
-        first problem), off the event loop unless they are short: a text's copies grow with the
-        square of its length."""
+        first problem, a text of several by ``element``), off the event loop unless they are short:
+        a text's copies grow with the square of its length."""
         parts = self._parts()
         if sum(len(text) for text in parsed.texts) <= INLINE_TOKENIZE_CHARS:
-            return self.score_parser.copies(parsed, parts.model)
+            return self.score_parser.copies(parsed, parts.model, element)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(parts.tokenizer, self.score_parser.copies, parsed, parts.model)
+        return await loop.run_in_executor(parts.tokenizer, self.score_parser.copies, parsed, parts.model, element)
 
     async def answer(self, queries: Sequence[Query], deadline: float, trace: RequestTrace) -> list[Answer]:
         """Admit a request on its whole cost, queue its texts and wait for their answers, traced."""
