@@ -10,7 +10,8 @@ the fleet's) prove it harmless; this module's ``main`` measures it:
     python -m benchmarks.costliest            # one server on the default model, defaults
 
 It reports the costliest request's service time against a full batch of normal sentences, and
-``/livez``'s latency while three costliest requests run, with the CPU flags it ran on.
+``/livez``'s latency while three costliest requests run, the same service time for the costliest
+scoring request (:func:`costliest_score_body`), with the CPU flags it ran on.
 """
 
 from __future__ import annotations
@@ -56,6 +57,22 @@ def costliest_body(
         tokens = [mask if i % every == every // 2 and i // every < masks else letter for i in range(words)]
         inputs.append(" ".join(tokens))
     return {"inputs": inputs, "parameters": {"top_k": top_k}}
+
+
+def costliest_score_body(settings: Settings = DEFAULTS) -> dict[str, Any]:
+    """The ``POST /score`` body the limits admit that costs the most: the most masked copies one
+    request may queue (``--max-queue``), each as long as a copy may be.
+
+    Every token of a text but the special ones is scored, one copy each, so a copy is at most
+    ``--max-score-tokens`` + 2 tokens long, and a request holds at most ``--max-queue`` copies in
+    all: as few texts as carry that many, each of ``--max-score-tokens`` one-token words. The two
+    metrics cost the same (they mask different positions of as many copies of the same length);
+    ``within_word_l2r`` it is, with every token's score in the answer.
+    """
+    per_text = settings.max_score_tokens
+    texts = max(1, min(settings.max_inputs, settings.max_queue // per_text))
+    inputs = [" ".join(LETTERS[(index + i) % len(LETTERS)] for i in range(per_text)) for index in range(texts)]
+    return {"inputs": inputs, "parameters": {"metric": "within_word_l2r", "tokens": True}}
 
 
 def normal_sentences(count: int) -> list[str]:
@@ -151,8 +168,12 @@ async def measure(url: str, rounds: int) -> dict[str, Any]:
             results = await asyncio.gather(*(post_json(session, url + "/", costly) for _ in range(3)))
         finally:
             prober.stop()
+        score_s, score_bytes = await score_service_times(session, url, rounds)
         ratios = await advertised_against_real(session, url)
     return {
+        "score_s": statistics.median(score_s),
+        "score_ratio": statistics.median(score_s) / statistics.median(normal_s),
+        "score_bytes": score_bytes,
         "wait_ratio_p10": ratios[len(ratios) // 10],
         "wait_ratio_p50": ratios[len(ratios) // 2],
         "wait_ratio_p90": ratios[len(ratios) * 9 // 10],
@@ -169,6 +190,19 @@ async def measure(url: str, rounds: int) -> dict[str, Any]:
         "livez_probes": len(prober.latencies_s),
         "livez_failures": sum(1 for s in prober.statuses if s != 200),
     }
+
+
+async def score_service_times(session: aiohttp.ClientSession, url: str, rounds: int) -> tuple[list[float], int]:
+    """Service times of the costliest scoring request alone, ``rounds`` times, and its answer's size."""
+    costly = costliest_score_body()
+    seconds_each: list[float] = []
+    size = 0
+    for _ in range(rounds):
+        status, body, seconds = await post_json(session, url + "/score", costly)
+        assert status == 200, (status, body[:300])
+        seconds_each.append(seconds)
+        size = len(body)
+    return seconds_each, size
 
 
 async def advertised_against_real(session: aiohttp.ClientSession, url: str, seconds: float = 15.0) -> list[float]:
@@ -205,6 +239,7 @@ async def advertised_against_real(session: aiohttp.ClientSession, url: str, seco
 
 def report(figures: dict[str, Any], command: str) -> str:
     body = costliest_body()
+    score_body = costliest_score_body()
     texts = len(body["inputs"])
     return "\n".join(
         [
@@ -226,6 +261,18 @@ def report(figures: dict[str, Any], command: str) -> str:
             f"| `/livez` meanwhile: p50 / p99 / max ({figures['livez_probes']} probes, "
             f"{figures['livez_failures']} failed) | "
             f"{figures['livez_p50_ms']:.1f} / {figures['livez_p99_ms']:.1f} / {figures['livez_max_ms']:.1f} ms |",
+            "",
+            "The costliest admitted scoring request (`POST /score`): "
+            f"{len(score_body['inputs'])} texts of {DEFAULTS.max_score_tokens} scored tokens "
+            f"(`--max-score-tokens`), metric `{score_body['parameters']['metric']}` with every token's score: "
+            f"{DEFAULTS.max_queue} masked copies of {DEFAULTS.max_score_tokens + 2} tokens, the whole queue "
+            "(`--max-queue`), so none other is admitted beside it.",
+            "",
+            "| measure | value |",
+            "| --- | --- |",
+            f"| service time, alone (median) | {figures['score_s']:.2f} s |",
+            f"| ratio to the full batch of normal sentences | {figures['score_ratio']:.0f}x |",
+            f"| its answer | {figures['score_bytes'] / 1e3:.0f} kB |",
             "",
             "The advertised wait against the real one, on a flood of long and short texts (48 clients): the",
             "real wait of one more short text over `/readyz`'s `predicted_wait_s` just before it (what the",

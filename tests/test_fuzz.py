@@ -344,6 +344,25 @@ def test_the_demo_form_answers_a_page_for_any_form(
 
 @FUZZ
 @given(
+    fields=st.dictionaries(
+        st.sampled_from(["sentences", "metric", "other"]),
+        st.one_of(TEXT, st.sampled_from(["original", "within_word_l2r", ""]), st.lists(TEXT).map("\n".join)),
+        max_size=3,
+    ),
+    raw=st.one_of(st.none(), st.binary(max_size=2048)),
+    content_type=st.one_of(st.just("application/x-www-form-urlencoded"), CONTENT_TYPES),
+)
+def test_the_scoring_form_answers_a_page_for_any_form(
+    server: Server, fields: dict[str, str], raw: bytes | None, content_type: str
+) -> None:
+    body = raw if raw is not None else urlencode(fields).encode()
+    reply = server.send("POST", "/demo/score", body, {"Content-Type": content_type} if content_type else {})
+    check(server, reply, body.decode("utf-8", "replace") + " ".join(fields.values()), {200, 400, 413, 422})
+    assert reply.content_type in {"text/html", "application/json"}
+
+
+@FUZZ
+@given(
     method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "TRACE", "FOO"]),
     segments=st.lists(
         st.one_of(

@@ -220,13 +220,17 @@ async def test_every_documented_response_is_produced_and_matches_the_document(
     # POST /score: two scored tokens, two queued copies (the queue holds two).
     for path in SCORE_PATHS:
         await docs.check(await client.post(path, data="a dog", headers={"X-Request-Timeout": "0.2"}), 504)
+    await docs.check(
+        await client.post("/demo/score", data={"sentences": "a dog"}, headers={"X-Request-Timeout": "0.2"}), 504
+    )
     # A full queue refuses at the door; a pass held past the stall budget fails the probes. (The
     # timed-out requests' slots are freed when the queue reaches its bound: two live ones fill it.)
     batcher = client.app[SERVICE_KEY].batcher
     queued = [asyncio.create_task(client.post("/", data="a [MASK] b.")) for _ in range(2)]
-    for _ in range(500):  # the three timed-out texts discarded, both new ones queued
+    for _ in range(500):  # the timed-out texts discarded, both new ones queued
+        # Each fill path's text, the page's, the infer paths', and two copies for each scoring path and the page's.
         if (
-            batcher.drops.expired == len(FILL_PATHS) + 1 + len(INFER_PATHS) + 2 * len(SCORE_PATHS)
+            batcher.drops.expired == len(FILL_PATHS) + 1 + len(INFER_PATHS) + 2 * (len(SCORE_PATHS) + 1)
             and batcher.depth == 2
         ):
             break
@@ -240,6 +244,7 @@ async def test_every_documented_response_is_produced_and_matches_the_document(
         await docs.check(await client.post(infer, json=infer_body(paris)), 503)
     for path in SCORE_PATHS:
         await docs.check(await client.post(path, data="a dog"), 503)
+    await docs.check(await client.post("/demo/score", data={"sentences": "a dog"}), 503)
     await asyncio.sleep(0.3)
     await docs.check(await client.get("/livez"), 503)
     await docs.check(await client.get("/readyz"), 503)
@@ -308,6 +313,13 @@ async def test_every_documented_response_is_produced_and_matches_the_document(
     form = {"Content-Type": "application/x-www-form-urlencoded"}
     await docs.check(await client.post("/demo", data=b"text=caf\xe9+[MASK]", headers=form), 400)
     await docs.check(await client.get("/demo", params={"text": paris}, allow_redirects=False), 303)
+    # Its scoring form.
+    await docs.check(await client.post("/demo/score", data={"sentences": "dog\ncat"}), 200)
+    await docs.check(await client.post("/demo/score", data={"sentences": "a dog", "metric": "l2r"}), 422)
+    await docs.check(await client.post("/demo/score", data={"sentences": "the cat"}), 500)
+    await docs.check(await client.post("/demo/score", data={"sentences": "x" * 8192}), 413)
+    await docs.check(await client.post("/demo/score", data=b"sentences=caf\xe9", headers=form), 400)
+    await docs.check(await client.get("/demo/score", allow_redirects=False), 303)
     await docs.check(await client.get("/static/demo.css"), 200)
     await docs.check(await client.get("/static/demo.js"), 200)
     await docs.check(await client.get("/static/no-such-file.css"), 404)

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import asyncio
 from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
 
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+
+from maskserve.app import create_app
 from maskserve.keys import SERVICE_KEY
 from maskserve.model_api import Query
 from maskserve.page import CONTENT_SECURITY_POLICY
+from maskserve.settings import Settings
 
 from .conftest import ClientFactory
 from .fakes import ControlledModel, EchoModel
@@ -23,16 +31,31 @@ class Page(HTMLParser):
         super().__init__()
         self.textarea: str | None = None
         self.textarea_attrs: dict[str, str | None] = {}
+        self.sentences: str | None = None
+        self.sentences_attrs: dict[str, str | None] = {}
         self.top_k_attrs: dict[str, str | None] = {}
+        self.metric_attrs: dict[str, str | None] = {}
+        self.selected_metric: str | None = None
         self.error = ""
         self.error_hidden = False
+        self.score_error = ""
+        self.score_error_hidden = False
+        self.sentence_scores: list[str] = []
+        self.scored_sentences: list[str] = []
+        self.log_probs: list[str] = []
+        self.score_tokens: list[str] = []
         self.words: list[str] = []
         self.percents: list[str] = []
         self.bar_widths: list[int] = []
         self.marks: list[str] = []
         self.example_links: list[str] = []
         self.scripts: list[dict[str, str | None]] = []
-        self.form_attrs: dict[str, str | None] = {}
+        self.forms: dict[str, dict[str, str | None]] = {}
+        # The model picker's options and choice, and the model each form posts (hidden fields).
+        self.models: list[str] = []
+        self.picked_model: str | None = None
+        self.posted_models: list[str | None] = []
+        self._select: str | None = None
         self.texts_by_id: dict[str, str] = {}
         self._open: list[tuple[str, str | None, set[str]]] = []
         self.feed(html)
@@ -41,12 +64,26 @@ class Page(HTMLParser):
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         attributes = dict(attrs)
         classes = set((attributes.get("class") or "").split())
-        if tag == "textarea":
+        if tag == "textarea" and attributes.get("id") == "sentences":
+            self.sentences, self.sentences_attrs = "", attributes
+        elif tag == "textarea":
             self.textarea, self.textarea_attrs = "", attributes
+        elif tag == "select" and attributes.get("name") == "metric":
+            self.metric_attrs, self._select = attributes, "metric"
+        elif tag == "select":
+            self._select = attributes.get("name")
+        elif tag == "option" and self._select == "model":
+            self.models.append(attributes.get("value") or "")
+            if "selected" in attributes:
+                self.picked_model = attributes.get("value")
+        elif tag == "option" and "selected" in attributes:
+            self.selected_metric = attributes.get("value")
+        elif tag == "input" and attributes.get("name") == "model":
+            self.posted_models.append(attributes.get("value"))
         elif tag == "input" and attributes.get("name") == "top_k":
             self.top_k_attrs = attributes
         elif tag == "form":
-            self.form_attrs = attributes
+            self.forms[attributes.get("id") or ""] = attributes
         elif tag == "script":
             self.scripts.append(attributes)
         elif tag == "a" and "example" in classes:
@@ -55,12 +92,18 @@ class Page(HTMLParser):
             self.bar_widths += [int(c[2:]) for c in classes if c.startswith("w-")]
         if attributes.get("id") == "form-error":
             self.error_hidden = "hidden" in attributes
+        if attributes.get("id") == "score-error":
+            self.score_error_hidden = "hidden" in attributes
         if tag not in {"input", "link", "meta", "br"}:
             self._open.append((tag, attributes.get("id"), classes))
 
     def handle_endtag(self, tag: str) -> None:
-        if tag == "textarea" and self.textarea is not None and self.textarea.startswith("\n"):
-            self.textarea = self.textarea[1:]  # as browsers do (HTML spec: one newline after the tag)
+        # As browsers do (HTML spec): one newline right after <textarea> is dropped.
+        closing = self._open[-1][1] if self._open and self._open[-1][0] == "textarea" else None
+        if closing == "sentences" and self.sentences is not None and self.sentences.startswith("\n"):
+            self.sentences = self.sentences[1:]
+        elif closing == "text" and self.textarea is not None and self.textarea.startswith("\n"):
+            self.textarea = self.textarea[1:]
         while self._open:
             if self._open.pop()[0] == tag:
                 break
@@ -71,10 +114,23 @@ class Page(HTMLParser):
                 self.texts_by_id[element_id] = self.texts_by_id.get(element_id, "") + data
             if element_id == "form-error":
                 self.error += data
-            if tag == "textarea" and self.textarea is not None:
+            if element_id == "score-error":
+                self.score_error += data
+            if element_id == "sentences" and self.sentences is not None:
+                self.sentences += data
+            elif tag == "textarea" and self.textarea is not None:
                 self.textarea += data
         tag, _, classes = self._open[-1] if self._open else ("", None, set())
-        if tag == "td" and "word" in classes:
+        in_scores = any(t == "table" and "scores" in c for t, _, c in self._open)
+        if tag == "td" and "word" in classes and in_scores:
+            self.score_tokens.append(data)
+        elif tag == "span" and "sentence-score" in classes:
+            self.sentence_scores.append(data)
+        elif tag == "span" and "scored-sentence" in classes:
+            self.scored_sentences.append(data)
+        elif tag == "span" and "logp" in classes:
+            self.log_probs.append(data)
+        elif tag == "td" and "word" in classes:
             self.words.append(data)
         elif tag == "span" and "pct" in classes:
             self.percents.append(data)
@@ -95,7 +151,8 @@ async def test_page_shows_model_mask_token_and_examples(make_client: ClientFacto
     assert page.texts_by_id["mask-token"] == "[MASK]"
     assert page.texts_by_id["model-name"].strip()
     assert page.texts_by_id["model-runs-on"] == "cpu · float32"
-    assert page.form_attrs["action"] == "/demo" and page.form_attrs["method"] == "post"
+    assert page.forms["fill-form"]["action"] == "/demo" and page.forms["fill-form"]["method"] == "post"
+    assert page.forms["score-form"]["action"] == "/demo/score" and page.forms["score-form"]["method"] == "post"
     assert len(page.example_links) >= 3
     assert all(link.startswith("/?text=") and "%5BMASK%5D" in link for link in page.example_links)
     assert page.words == [] and page.error_hidden
@@ -339,3 +396,67 @@ async def test_bad_timeout_header_is_shown_inline(make_client: ClientFactory) ->
     page = Page(await response.text())
     assert "X-Request-Timeout" in page.error
     assert page.textarea == PARIS
+
+
+async def test_a_server_of_one_model_shows_no_picker(make_client: ClientFactory) -> None:
+    client = await make_client()
+    page = Page(await (await client.get("/")).text())
+    assert page.models == [] and page.posted_models == []
+
+
+@pytest.fixture
+async def two_models(
+    aiohttp_client: Any, bert_dir: Path, roberta_dir: Path
+) -> TestClient[web.Request, web.Application]:
+    settings = Settings(model=(f"bert={bert_dir}", f"rob={roberta_dir}"), warmup=False)
+    client: TestClient[web.Request, web.Application] = await aiohttp_client(create_app(settings))
+    return client
+
+
+async def test_the_picker_lists_every_model_and_both_forms_post_the_chosen_one(
+    two_models: TestClient[web.Request, web.Application],
+) -> None:
+    page = Page(await (await two_models.get("/")).text())
+    assert page.models == ["bert", "rob"] and page.picked_model == "bert"
+    assert page.posted_models == ["bert", "bert"]  # the fill-mask form and the scoring form
+    assert page.texts_by_id["mask-token"] == "[MASK]"
+    picked = Page(await (await two_models.get("/", params={"model": "rob"})).text())
+    assert picked.picked_model == "rob" and picked.posted_models == ["rob", "rob"]
+    assert picked.texts_by_id["mask-token"] == "<mask>"
+    assert all("model=rob" in link and "%3Cmask%3E" in link for link in picked.example_links)
+
+
+async def test_the_forms_answer_with_the_chosen_model_as_its_routes_do(
+    two_models: TestClient[web.Request, web.Application],
+) -> None:
+    text = "paris is the <mask> of france."
+    api = await (await two_models.post("/models/rob", json={"inputs": text, "parameters": {"top_k": 3}})).json()
+    response = await two_models.post("/demo", data={"text": text, "top_k": "3", "model": "rob"})
+    assert response.status == 200
+    page = Page(await response.text())
+    assert page.words == [p["token_str"] for p in api]
+    assert page.picked_model == "rob"
+    scored = await (await two_models.post("/models/rob/score", data="the dog barked.")).json()
+    response = await two_models.post("/demo/score", data={"sentences": "the dog barked.", "model": "rob"})
+    assert response.status == 200
+    page = Page(await response.text())
+    assert page.sentence_scores == [f"{scored['score']:.2f}"]
+    # The same forms without a model answer with the first.
+    default = await (await two_models.post("/demo", data={"text": "paris is the [MASK] of france."})).text()
+    assert Page(default).picked_model == "bert"
+
+
+async def test_an_unknown_model_is_shown_inline_naming_the_served_ones(
+    two_models: TestClient[web.Request, web.Application],
+) -> None:
+    for response in (
+        await two_models.get("/", params={"model": "gpt"}),
+        await two_models.post("/demo", data={"text": PARIS, "model": "gpt"}),
+    ):
+        assert response.status == 404
+        page = Page(await response.text())
+        assert "No such model" in page.error and "'gpt'" in page.error and "'bert', 'rob'" in page.error
+        assert page.picked_model == "bert"  # the page falls back to the default model
+    response = await two_models.post("/demo/score", data={"sentences": "a dog.", "model": "gpt"})
+    assert response.status == 404
+    assert "'gpt'" in Page(await response.text()).score_error

@@ -12,6 +12,7 @@ import-linter contracts in setup.cfg (``tox -e style``) hold the code to this ta
     serve                                                 run an app: listen, follow stop signals, drain, stop
     app                                                   create_app(): the service, lifecycle, middlewares, routes
     routes                                                every route in one table, and the roles the stages read
+    score_page                                            the demo page's scoring form, answered as the page
     views : page : health : agent : info : openapi : oip  handlers: API, page, probes, load agent, /info, OpenAPI, OIP
     openapi_schemas                                       the OpenAPI document's schemas and response builders
     middleware                                            the stages around every handler, one per file, and the chain

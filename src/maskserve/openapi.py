@@ -21,6 +21,8 @@ from .keys import service_of
 from .middleware.errors import REQUEST_ID_HEADER
 from .oip_schemas import DATATYPE, HEADER_LENGTH, INPUT_NAME, OUTPUT_NAME
 from .openapi_schemas import JSON, Schema, component_schemas, error, header, ok, ref, retry_after, timing_headers
+from .score_schemas import DEFAULT_METRIC
+from .scoring import METRICS
 from .service import RouteRoles
 from .settings import Settings
 
@@ -339,6 +341,53 @@ def _for_model(operation: Schema, what: str) -> Schema:
     }
 
 
+def _demo_score(settings: Settings) -> Schema:
+    form = {
+        "type": "object",
+        "properties": {
+            "sentences": {
+                "type": "string",
+                "description": f"One sentence a line (blank lines skipped), at most {settings.max_inputs}.",
+            },
+            # As the page's select sends it; left empty, the default (as POST /score's is).
+            "metric": {"enum": [*METRICS, ""], "default": DEFAULT_METRIC},
+        },
+    }
+    page = {"type": "string"}
+    return {
+        "summary": "The demo page's scoring form: each sentence's score and a bar per token, as the page",
+        "tags": ["demo"],
+        "requestBody": {"required": True, "content": {"application/x-www-form-urlencoded": {"schema": form}}},
+        "responses": {
+            status: ok(description, HTML, page)
+            for status, description in (
+                ("200", "The page with the scores."),
+                ("422", "The page with the problem shown next to the field."),
+                ("500", "The page saying the model failed on these sentences."),
+                ("503", "The page saying the server is busy or restarting."),
+                ("504", "The page saying the answer was not ready in time."),
+            )
+        }
+        | {
+            "400": error("The form cannot be read (not UTF-8, a broken multipart body)."),
+            "413": error(f"The form is larger than {settings.max_body_bytes} bytes (--max-body-bytes)."),
+        },
+    }
+
+
+def _demo_redirect() -> Schema:
+    return {
+        "summary": "A reload of an answered page: back to the page itself",
+        "tags": ["demo"],
+        "responses": {
+            "303": {
+                "description": "Redirect to `/`, the query kept.",
+                "headers": {"Location": header("The page's URL.", required=True)},
+            }
+        },
+    }
+
+
 def _operations(settings: Settings, mask_token: str) -> dict[str, Schema]:
     """Every documented operation, by the name of the route that serves it (its operationId)."""
     not_found = {"404": error("No such path.")}
@@ -357,16 +406,9 @@ def _operations(settings: Settings, mask_token: str) -> dict[str, Schema]:
             "responses": {"200": ok("The page.", HTML, {"type": "string"})},
         },
         "demo": _demo(settings),
-        "demo_redirect": {
-            "summary": "A reload of the answered page: back to the page itself",
-            "tags": ["demo"],
-            "responses": {
-                "303": {
-                    "description": "Redirect to `/`, the query kept.",
-                    "headers": {"Location": header("The page's URL.", required=True)},
-                }
-            },
-        },
+        "demo_redirect": _demo_redirect(),
+        "demo_score": _demo_score(settings),
+        "demo_score_redirect": _demo_redirect(),
         "static": {
             "summary": "The demo page's own CSS and JavaScript",
             "tags": ["demo"],

@@ -3,6 +3,7 @@
 Routes (see routes.py):
 - ``GET /`` renders the page. ``?text=`` and ``?top_k=`` only fill in the form (the example
   links), they never run the model: a GET stays cheap, and prefetchers or crawlers queue no work.
+- ``POST /demo/score`` takes the scoring form (score_page.py) and answers the same page.
 - ``POST /demo`` takes the form (``application/x-www-form-urlencoded``) and answers the page with
   the predictions, or with the error inline and the typed text kept. The form cannot post to
   ``/``: ``POST /`` reads *any* non-JSON body as raw text (``curl -d`` sends urlencoded), so a
@@ -31,14 +32,18 @@ from .errors import (
     InvalidInput,
     MaskserveError,
     NoMaskToken,
+    NotFound,
     ServiceUnavailable,
     ShuttingDown,
     TextTooLong,
 )
-from .handling import admit_at_door, note_error, read_form, text_answers, timing_headers
+from .handling import admit_at_door, note_error, read_form, served_model, text_answers, timing_headers
 from .keys import service_of, state_of
 from .model_api import Prediction, describe_model
 from .schemas import FillMaskRequest
+from .score_schemas import DEFAULT_METRIC
+from .scoring import Metric
+from .service import ServedModel
 from .settings import Settings
 from .work_queue import Answer
 
@@ -118,6 +123,54 @@ class PageError:
     title: str
     message: str
     field: str = "text"
+
+
+# -- what the scoring form shows (score_page.py fills it in) ------------------------------------
+
+# What the form's metric choice says, in the order shown.
+METRIC_LABELS: dict[Metric, str] = {
+    "original": "original: each token masked alone",
+    "within_word_l2r": "within_word_l2r: the rest of its word masked too",
+}
+
+
+@dataclass(frozen=True)
+class TokenBar:
+    """One token of a scored sentence: its text, its log-probability, and its bar's width class."""
+
+    token: str
+    log_prob: str
+    # 1-100 (score_page.LOG_PROB_FLOOR); one CSS class per step, because the CSP forbids inline styles.
+    width: int
+
+
+@dataclass(frozen=True)
+class SentenceScore:
+    """A scored sentence as the page shows it."""
+
+    text: str
+    score: str
+    tokens: tuple[TokenBar, ...]
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    """Every sentence's score, and how the request was served (the slowest copy's figures)."""
+
+    sentences: tuple[SentenceScore, ...]
+    queued_ms: str
+    computing_ms: str
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class ScoreForm:
+    """The scoring form as the page shows it: what was typed, and its answer or its error."""
+
+    sentences: str = ""
+    metric: str = DEFAULT_METRIC
+    result: ScoreResult | None = None
+    error: PageError | None = None
 
 
 def display_name(name: str) -> str:
@@ -213,6 +266,8 @@ def page_error(error: MaskserveError) -> PageError:
         return PageError("Check the number of guesses", message, "top_k")
     if isinstance(error, InvalidInput):
         return PageError("Check the sentence", message)
+    if isinstance(error, NotFound):  # a model name no model is served under (the picker's field)
+        return PageError("No such model", message, "")
     if error.status < 500:
         return PageError("The request was not understood", message, "")
     return PageError("Something went wrong", "The server could not answer this sentence. Try again.", "")
@@ -239,12 +294,23 @@ def render(
     error: PageError | None = None,
     status: int = 200,
     headers: Mapping[str, str] | None = None,
+    scoring: ScoreForm | None = None,
+    served: ServedModel | None = None,
 ) -> web.Response:
+    """The page for ``served`` (the default model when None); ``scoring`` is the scoring form's
+    state (score_page.py), empty when None."""
     service = service_of(request.app)
-    model, settings = service.model, service.settings
+    served = served or service.default
+    model, settings = served.loaded.model, served.settings
+    # With several models, the page's links and forms carry the chosen one (the picker sets it).
+    several = len(service.models) > 1
+    chosen = {"model": served.name} if several else {}
     examples = [example.format(mask=model.mask_token) for example in EXAMPLES]
     description = describe_model(model)
     context = {
+        # The model picker: every served model's name, when there are several.
+        "models": list(service.models) if several else [],
+        "chosen_model": served.name,
         "model_name": display_name(model.name),
         "model_architecture": str(description.get("architecture", "")),
         # "cpu · float32": where and how the guesses are computed, when the model says so.
@@ -254,9 +320,15 @@ def render(
         "max_top_k": settings.max_top_k,
         "text": text,
         "top_k": top_k or str(settings.default_top_k),
-        "examples": [(example, "/?" + urlencode({"text": example})) for example in examples],
+        "examples": [(example, "/?" + urlencode({**chosen, "text": example})) for example in examples],
         "result": result,
         "error": error,
+        "scoring": scoring or ScoreForm(),
+        "metrics": METRIC_LABELS,
+        "max_inputs": settings.max_inputs,
+        "max_score_tokens": settings.max_score_tokens,
+        # A scoring request's copies in all: POST /score refuses more than the queue holds.
+        "max_queue": settings.max_queue,
         # For the curl line in the footer: this server as the browser reached it (escaped).
         "origin": str(request.url.origin()),
     }
@@ -268,9 +340,22 @@ def render(
 # -- handlers -----------------------------------------------------------------------------------
 
 
+def page_model(request: web.Request, name: object) -> ServedModel:
+    """The model a page's query or form names (a ``model`` field; the default when absent or empty);
+    a 404 naming the served ones otherwise."""
+    return served_model(request, name if isinstance(name, str) and name else None)
+
+
 async def index(request: web.Request) -> web.Response:
-    """``GET /``: the page; ``?text=`` and ``?top_k=`` fill in the form without running it."""
-    return render(request, text=request.query.get("text", ""), top_k=request.query.get("top_k", ""))
+    """``GET /``: the page; ``?text=`` and ``?top_k=`` fill in the form without running it, and
+    ``?model=`` picks the model (the picker's own form sends it)."""
+    text, top_k = request.query.get("text", ""), request.query.get("top_k", "")
+    try:
+        served = page_model(request, request.query.get("model"))
+    except MaskserveError as exc:
+        note_error(request, exc)
+        return render(request, text=text, top_k=top_k, error=page_error(exc), status=exc.status)
+    return render(request, text=text, top_k=top_k, served=served)
 
 
 async def demo_redirect(request: web.Request) -> web.Response:
@@ -290,21 +375,30 @@ async def demo(request: web.Request) -> web.Response:
     text = text if isinstance(text, str) else ""
     top_k = top_k if isinstance(top_k, str) else ""
     service = service_of(request.app)
+    served: ServedModel | None = None
     try:
+        served = page_model(request, form.get("model"))
         # The same admission as the API's circuit-breaking stage, then its parser, queue and deadline.
-        admit_at_door(request)
+        admit_at_door(request, served)
         with state_of(request).trace.step("maskserve.parse"):
-            top_k_value = parse_top_k(top_k, service.settings)
+            top_k_value = parse_top_k(top_k, served.settings)
             parsed = FillMaskRequest(texts=(text,), batched=False, top_k=top_k_value, targets=None)
-            plans = await service.plans(parsed)
-        answers = await text_answers(request, plans)
+            plans = await service.plans(parsed, served)
+        answers = await text_answers(request, plans, served)
     except MaskserveError as exc:
         # The error stage's bookkeeping, but the page shows the error in plain words.
         note_error(request, exc)
         headers = {**exc.headers(), "Cache-Control": "no-store"}
-        return render(request, text=text, top_k=top_k, error=page_error(exc), status=exc.status, headers=headers)
-    model = service.model
-    result = build_result(text, model.mask_token, answers[0])
+        return render(
+            request,
+            text=text,
+            top_k=top_k,
+            error=page_error(exc),
+            status=exc.status,
+            headers=headers,
+            served=served,
+        )
+    result = build_result(text, served.loaded.model.mask_token, answers[0])
     # The answered page holds the typed text: no cache may keep it.
     headers = {**timing_headers(answers), "Cache-Control": "no-store"}
-    return render(request, text=text, top_k=top_k, result=result, headers=headers)
+    return render(request, text=text, top_k=top_k, result=result, headers=headers, served=served)

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from . import health, info, oip, openapi, page, views
+from . import health, info, oip, openapi, page, score_page, views
 from .keys import service_of
 from .service import RouteRoles
 
 ROUTE_ROLES = RouteRoles(
     # Routes that queue work for the model: the circuit-breaking stage may refuse these at the door,
-    # and only these. Health, metrics, info and the demo page's GET are never shed; POST /demo asks
-    # the same admission itself, to show a refusal inline.
+    # and only these. Health, metrics, info and the demo page's GET are never shed; the page's forms
+    # (POST /demo, POST /demo/score) ask the same admission themselves, to show a refusal inline.
     inference=frozenset({"fill_mask", "fill_mask_model", "score", "score_model", "oip_infer", "oip_infer_version"}),
+    # The page's forms queue work too; the alert rules and the dashboard count them with the above.
+    forms=frozenset({"demo", "demo_score"}),
     # Open without an API key: probes (they cannot be expected to hold secrets) and the demo
     # page's GETs, which run nothing. Unknown paths need the key, so the routes cannot be mapped.
     public=frozenset(
@@ -22,6 +24,7 @@ ROUTE_ROLES = RouteRoles(
             "index",
             "static",
             "demo_redirect",
+            "demo_score_redirect",
             "oip_server_live",
             "oip_server_ready",
             "oip_model_ready",
@@ -47,6 +50,9 @@ def route_table() -> list[web.AbstractRouteDef]:
         web.get("/", page.index, name="index"),
         web.post("/demo", page.demo, name="demo"),
         web.get("/demo", page.demo_redirect, name="demo_redirect"),
+        # The page's scoring form: POST /score's path, the answer rendered as the page (score_page.py).
+        web.post("/demo/score", score_page.demo_score, name="demo_score"),
+        web.get("/demo/score", page.demo_redirect, name="demo_score_redirect"),
         web.static("/static", page.STATIC_DIR, name="static", append_version=True),
         # Operability: answered from the event loop, never shed, never touching the model.
         web.get("/livez", health.livez, name="livez"),

@@ -87,11 +87,17 @@ class ScoreRequestParser:
             tokens=bool(parameters.get("tokens")),
         )
 
-    def copies(self, request: ScoreRequest, model: FillMaskModel) -> list[list[Query]]:
-        """Tokenize and check every text: per text, its masked copies, or the first problem."""
+    def copies(
+        self, request: ScoreRequest, model: FillMaskModel, element: str = "inputs[{index}]"
+    ) -> list[list[Query]]:
+        """Tokenize and check every text: per text, its masked copies, or the first problem.
+
+        ``element`` names a text of several in the errors (``{index}`` from 0, ``{number}`` from 1):
+        the API's JSON path, or the demo page's "sentence 2".
+        """
         many = len(request.texts) > 1
         per_text = [
-            self._copies(text, f"inputs[{index}]" if many else None, request.metric, model)
+            self._copies(text, element.format(index=index, number=index + 1) if many else None, request.metric, model)
             for index, text in enumerate(request.texts)
         ]
         total = sum(len(copies) for copies in per_text)

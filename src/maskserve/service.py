@@ -56,6 +56,15 @@ class RouteRoles:
     inference: frozenset[str] = frozenset()
     # Route names answered without an API key (probes, the demo page's GETs).
     public: frozenset[str] = frozenset()
+    # The demo page's forms: they queue work for the model as well, but ask admission themselves to
+    # show a refusal inline, so the circuit-breaking stage leaves them to it.
+    forms: frozenset[str] = frozenset()
+
+    @property
+    def model_work(self) -> frozenset[str]:
+        """Every route that queues work for the model: the requests the alert rules and the
+        dashboard count (deploy/), and tests/test_routes.py holds them to it."""
+        return self.inference | self.forms
 
 
 @dataclass(frozen=True)
@@ -220,16 +229,18 @@ class FillMaskService:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._parts().tokenizer, combined_answers, plans, answers, model.fill_word)
 
-    async def score_copies(self, parsed: ScoreRequest, served: ServedModel | None = None) -> list[list[Query]]:
-        """Tokenize a parsed ``/score`` request's texts into their masked copies (a 4xx names the
-        first problem), off the event loop unless they are short: a text's copies grow with the
-        square of its length."""
+    async def score_copies(
+        self, parsed: ScoreRequest, served: ServedModel | None = None, element: str = "inputs[{index}]"
+    ) -> list[list[Query]]:
+        """Tokenize a parsed ``/score`` request's texts into ``served``'s (the default model's) masked
+        copies (a 4xx names the first problem, a text of several by ``element``), off the event loop
+        unless they are short: a text's copies grow with the square of its length."""
         served = served or self.default
         model = served.loaded.model
         if sum(len(text) for text in parsed.texts) <= INLINE_TOKENIZE_CHARS:
-            return served.score_parser.copies(parsed, model)
+            return served.score_parser.copies(parsed, model, element)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._parts().tokenizer, served.score_parser.copies, parsed, model)
+        return await loop.run_in_executor(self._parts().tokenizer, served.score_parser.copies, parsed, model, element)
 
     async def answer(
         self, queries: Sequence[Query], deadline: float, trace: RequestTrace, served: ServedModel | None = None

@@ -7,6 +7,8 @@ the page must work both ways.
 from __future__ import annotations
 
 import itertools
+import json
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ pytestmark = pytest.mark.browser
 
 PARIS = "Paris is the [MASK] of France."
 SCRIPT = "<script>alert(1)</script>[MASK]"
+SCORED = ["Paris is the capital of France.", "The dog barked at the mailman unbelievably loudly."]
 BOTH_MODES = pytest.mark.parametrize("javascript", [True, False], ids=["js", "no-js"])
 
 
@@ -154,9 +157,11 @@ def test_phone_sized_window_has_no_horizontal_overflow(open_page: OpenPage, arti
     # A long unbroken word is the usual way a phone layout overflows.
     fill_in(page, "Pneumonoultramicroscopicsilicovolcanoconiosis-and-more is a [MASK] word.")
     expect(rows(page)).to_have_count(5)
+    score(page, "Pneumonoultramicroscopicsilicovolcanoconiosis-and-more is a long word.", metric="within_word_l2r")
+    expect(page.locator("table.scores")).to_have_count(1)
     overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
     assert overflow <= 0
-    for selector in ("#fill-form", "table.guesses", "#filled-sentence", ".examples"):
+    for selector in ("#fill-form", "table.guesses", "#filled-sentence", ".examples", "#score-form", "table.scores"):
         box = page.locator(selector).first.bounding_box()
         assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"]
     page.screenshot(path=artifacts / "answered-phone.png", full_page=True)
@@ -173,4 +178,74 @@ def test_laptop_window_shows_form_and_answer_side_by_side(open_page: OpenPage, a
     assert ask is not None and answer is not None
     assert answer["x"] >= ask["x"] + ask["width"]  # two columns, not stacked
     page.screenshot(path=artifacts / "demo.png", full_page=True)
+    watched.assert_clean()
+
+
+def post_score(server_url: str, sentences: list[str], metric: str) -> list[dict[str, object]]:
+    """What ``POST /score`` answers for ``sentences``, each with its tokens."""
+    body = json.dumps({"inputs": sentences, "parameters": {"metric": metric, "tokens": True}}).encode()
+    request = urllib.request.Request(server_url + "score", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        answer: list[dict[str, object]] = json.loads(response.read())
+    return answer
+
+
+def score(page: Page, sentences: str, metric: str | None = None) -> None:
+    page.locator("#sentences").fill(sentences)
+    if metric is not None:
+        page.locator("#metric").select_option(metric)
+    page.locator("#score-submit").click()
+
+
+@BOTH_MODES
+def test_scored_sentences_show_what_post_score_answers_with_a_bar_per_token(
+    open_page: OpenPage, server_url: str, javascript: bool, artifacts: Path
+) -> None:
+    watched = open_page(javascript=javascript)
+    page = watched.page
+    if javascript:
+        page.evaluate("window.stillHere = true")
+    score(page, "\n".join(SCORED), metric="within_word_l2r")
+    expect(page.locator("table.scores")).to_have_count(len(SCORED))
+    api = post_score(server_url, SCORED, "within_word_l2r")
+    expect(page.locator(".scored-sentence")).to_have_text(SCORED)
+    expect(page.locator(".sentence-score")).to_have_text([f"{text['score']:.2f}" for text in api])
+    tokens = [token for text in api for token in text["tokens"]]  # type: ignore[attr-defined]
+    expect(page.locator("table.scores td.word")).to_have_text([token["token_str"] for token in tokens])
+    expect(page.locator("table.scores .logp")).to_have_text([f"{token['score']:.2f}" for token in tokens])
+    # One bar per token, drawn, and longer for a likelier token (a pixel's rounding apart).
+    fills = page.locator("table.scores .bar .fill")
+    boxes = [fills.nth(i).bounding_box() for i in range(fills.count())]
+    widths = [box["width"] for box in boxes if box]
+    assert len(widths) == len(tokens) and all(width > 0 for width in widths)
+    by_likelihood = [width for _, width in sorted(zip([token["score"] for token in tokens], widths))]
+    assert all(later >= earlier - 1 for earlier, later in itertools.pairwise(by_likelihood))
+    expect(page.locator("#sentences")).to_have_value("\n".join(SCORED))
+    expect(page.locator("#metric")).to_have_value("within_word_l2r")
+    expect(page.locator("#score-timing")).to_contain_text("Computing")
+    if javascript:
+        assert page.evaluate("window.stillHere") is True, "the page reloaded instead of using fetch"
+        assert page.url.endswith("/")
+    else:
+        assert page.url.endswith("/demo/score")
+    page.screenshot(path=artifacts / f"scored-{'js' if javascript else 'no-js'}.png", full_page=True)
+    watched.assert_clean()
+
+
+@BOTH_MODES
+def test_empty_scoring_form_shows_the_error_inline_and_the_next_sentence_clears_it(
+    open_page: OpenPage, javascript: bool
+) -> None:
+    watched = open_page(javascript=javascript)
+    page = watched.page
+    score(page, "   ")
+    error = page.locator("#score-error")
+    expect(error).to_be_visible()
+    expect(error).to_contain_text("no sentence to score")
+    expect(page.locator("#sentences")).to_have_attribute("aria-invalid", "true")
+    expect(page.locator("#form-error")).to_be_hidden()
+    score(page, SCORED[0])
+    expect(page.locator("table.scores")).to_have_count(1)
+    expect(error).to_be_hidden()
+    expect(page.locator("#sentences")).not_to_have_attribute("aria-invalid", "true")
     watched.assert_clean()

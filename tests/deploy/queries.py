@@ -113,3 +113,14 @@ def metric_names(expr: str) -> set[str]:
 def selectors(expr: str) -> list[str]:
     """The label matchers of every selector in an expression."""
     return re.findall(r"\{([^}]*)\}", expr)
+
+
+def route_selections(expr: str) -> list[frozenset[str]]:
+    """The route names each ``route=~"a|b"`` matcher of ``expr`` selects."""
+    return [frozenset(names.split("|")) for names in re.findall(r'route=~"([^"]*)"', expr)]
+
+
+def selected_routes() -> set[frozenset[str]]:
+    """Every distinct set of routes the alert rules and the dashboard select (one, when they agree)."""
+    exprs = [alert["expr"] for alert in alert_rules()] + [query.expr for query in panel_queries()]
+    return {routes for expr in exprs for routes in route_selections(expr)}

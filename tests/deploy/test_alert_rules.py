@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from .manifests import ROOT
-from .queries import RULES, alert_rules, exported_metrics, metric_names, selectors
+from .queries import RULES, alert_rules, exported_metrics, metric_names, selected_routes, selectors
 
 pytestmark = pytest.mark.deploy
 
@@ -133,6 +133,13 @@ def test_the_rules_select_the_job_the_scrape_configs_make() -> None:
     for alert in alert_rules():
         for selector in selectors(alert["expr"]):
             assert 'job="maskserve"' in selector, (alert["alert"], selector)
+
+
+def test_the_rules_and_the_dashboard_count_one_set_of_inference_routes() -> None:
+    # One list, written out in every matcher: a route added to some and not others would make
+    # the alerts and the panels disagree. (tests/test_routes.py holds it to the route table.)
+    (routes,) = selected_routes()
+    assert {"fill_mask", "score", "demo", "demo_score"} <= routes
 
 
 if __name__ == "__main__":
