@@ -152,8 +152,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--flood", type=int, default=32, help="clients of the flooded model")
     parser.add_argument("--mix", type=int, default=128, help="distinct sentences per model")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--large", type=Path, default=None, help="the large model's folder (default: bert-base's shape, built once)"
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    small, large = default_model(), bert_base_model()
+    small = default_model()
+    large = BenchModel(str(args.large), args.large) if args.large else bert_base_model()
     small_ref, large_ref = references(small, args.mix), references(large, args.mix)
     logs = CACHE_DIR / "logs"
     scenarios = [
@@ -172,6 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("--seconds", args.seconds, 45.0),
             ("--flood", args.flood, 32),
             ("--mix", args.mix, 128),
+            ("--large", args.large, None),
         )
         if value != default
     )

@@ -239,3 +239,24 @@ def test_fleet_report_pairs_the_balancer_s_overhead_inside_each_round() -> None:
     assert "| p50 latency, 1 client (9.00 ms direct) | +0.50 (+0.50–+0.50) ms |" in table
     assert "| p50 latency, 16 clients | +4.00 (+4.00–+4.00) ms |" in table
     assert "| throughput, 3 replicas / 1 replica (both via HAProxy) | 0.79× |" in table
+
+
+@pytest.mark.slow
+def test_the_several_models_benchmark_runs_both_layouts_and_reports_ratios_and_memory(tmp_path: Path) -> None:
+    from benchmarks import several_models
+
+    folder = default_model_dir()
+    assert folder is not None
+    out = tmp_path / "several-models.md"
+    argv = ["--seconds", "2", "--flood", "4", "--mix", "8", "--large", str(folder), "--out", str(out)]
+    assert several_models.main(argv) == 0
+    report = out.read_text(encoding="utf-8")
+    assert "CPU:" in report and "flags:" in report and "python -m benchmarks.several_models --seconds 2" in report
+    rows = [line for line in report.splitlines() if line.startswith(("| one server", "| two servers"))]
+    assert len(rows) == 4  # two layouts, two scenarios
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert float(cells[1]) > 0 and float(cells[2]) > 0  # both models answered
+        assert cells[5] == "0"  # no wrong or failed answer
+        assert float(cells[6]) > 100  # MiB: a server with torch
+    assert report.count("One server against two:") == 2
