@@ -81,6 +81,7 @@ async def test_a_traceparent_is_continued_and_the_request_has_parse_queue_and_in
     assert format(http.context.trace_id, "032x") == TRACE_ID  # the caller's trace, continued
     assert format(http.parent.span_id, "016x") == PARENT_ID
     assert http.attributes is not None and http.attributes.get("http.status_code", 200) == 200
+    assert http.attributes["maskserve.model"] == "maskserve"  # the served model the route named
     children = {
         span.name: span for span in spans if span.parent is not None and span.parent.span_id == http.context.span_id
     }
