@@ -19,32 +19,19 @@ from typing import Any
 import jsonschema
 import yaml
 
-from .settings import NamedSettingsError, Settings, contradictions
+from .settings import GROUPS, NamedSettingsError, Settings, contradictions
 
-# What a models file may set per model: how it runs and what it admits. The server's own settings
-# (port, connections, middleware, logging, and the request timeout, which the door fixes before
-# any model is read from a form) stay one per server.
-PER_MODEL_SETTINGS: tuple[str, ...] = (
-    "backend",
-    "device",
-    "dtype",
-    "quantize",
-    "threads",
-    "warmup",
-    "max_batch_size",
-    "max_batch_tokens",
-    "max_batch_delay",
-    "max_queue",
-    "max_text_chars",
-    "max_inputs",
-    "max_top_k",
-    "max_targets",
-    "default_top_k",
-    "max_masks_per_text",
-    "max_predictions",
-    "max_score_tokens",
-    "max_word_copies",
-    "max_response_bytes",
+# What a models file may set per model: how it runs, its batches, its queue and what it admits.
+# The server's own settings stay one per server: which models and where their exports go, the
+# request timeout (the door fixes each deadline before a page's form names its model), the body
+# limit (the app's, before any route is known), and every group of server, connection and
+# operations settings.
+SERVER_WIDE = frozenset({"model", "models_file", "model_name", "cache_dir", "request_timeout", "max_body_bytes"})
+PER_MODEL_SETTINGS: tuple[str, ...] = tuple(
+    name
+    for group in ("model and backend", "batching", "admission and limits")
+    for name in GROUPS[group]
+    if name not in SERVER_WIDE
 )
 
 # The path-segment rule the routes carry a name in (the same as --model-name's).

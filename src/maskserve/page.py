@@ -340,6 +340,16 @@ def render(
 # -- handlers -----------------------------------------------------------------------------------
 
 
+async def form_fields(request: web.Request, *names: str) -> tuple[str, ...]:
+    """A page form's fields by name, each a string ("" when absent or not text), read within
+    ``--body-timeout``; a form that cannot be read is a 400."""
+    try:
+        form = await read_form(request)
+    except ValueError:  # UnicodeDecodeError included: a form that is not UTF-8, a broken multipart
+        raise InvalidBody("the form cannot be read: send it as UTF-8 application/x-www-form-urlencoded") from None
+    return tuple(value if isinstance(value := form.get(name, ""), str) else "" for name in names)
+
+
 def page_model(request: web.Request, name: object) -> ServedModel:
     """The model a page's query or form names (a ``model`` field; the default when absent or empty);
     a 404 naming the served ones otherwise."""
@@ -367,17 +377,11 @@ async def demo(request: web.Request) -> web.Response:
     """``POST /demo``: the form's answer, through the API's admission, parser, queue and deadline."""
     # The form is read before the deadline and admission, unlike the API: a refusal must still
     # show the typed text in the box, and a form is at most --max-body-bytes.
-    try:
-        form = await read_form(request)
-    except ValueError:  # UnicodeDecodeError included: a form that is not UTF-8, a broken multipart
-        raise InvalidBody("the form cannot be read: send it as UTF-8 application/x-www-form-urlencoded") from None
-    text, top_k = form.get("text", ""), form.get("top_k", "")
-    text = text if isinstance(text, str) else ""
-    top_k = top_k if isinstance(top_k, str) else ""
+    text, top_k, model = await form_fields(request, "text", "top_k", "model")
     service = service_of(request.app)
     served: ServedModel | None = None
     try:
-        served = page_model(request, form.get("model"))
+        served = page_model(request, model)
         # The same admission as the API's circuit-breaking stage, then its parser, queue and deadline.
         admit_at_door(request, served)
         with state_of(request).trace.step("maskserve.parse"):

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from .errors import InvalidBody, InvalidInput, MaskserveError
-from .handling import admit_at_door, answer, note_error, read_form, timing_headers
+from .errors import InvalidInput, MaskserveError
+from .handling import admit_at_door, answer, note_error, timing_headers
 from .keys import service_of, state_of
 from .page import (
     PageError,
@@ -22,6 +22,7 @@ from .page import (
     ScoreResult,
     SentenceScore,
     TokenBar,
+    form_fields,
     milliseconds,
     page_error,
     page_model,
@@ -106,17 +107,12 @@ def form_error(error: MaskserveError) -> PageError:
 async def demo_score(request: web.Request) -> web.Response:
     """``POST /demo/score``: the scores, through ``POST /score``'s admission, checks, queue and deadline."""
     # Read before admission, as the fill-mask form is: a refusal must still show the typed text.
-    try:
-        form = await read_form(request)
-    except ValueError:  # UnicodeDecodeError included: a form that is not UTF-8, a broken multipart
-        raise InvalidBody("the form cannot be read: send it as UTF-8 application/x-www-form-urlencoded") from None
-    sentences, metric = form.get("sentences", ""), form.get("metric", "")
-    sentences = sentences if isinstance(sentences, str) else ""
-    metric = (metric if isinstance(metric, str) else "") or DEFAULT_METRIC
+    sentences, metric, model = await form_fields(request, "sentences", "metric", "model")
+    metric = metric or DEFAULT_METRIC
     service = service_of(request.app)
     served: ServedModel | None = None
     try:
-        served = page_model(request, form.get("model"))
+        served = page_model(request, model)
         admit_at_door(request, served)
         with state_of(request).trace.step("maskserve.parse"):
             parsed = parse_form(sentences, metric, served.settings)
