@@ -82,6 +82,6 @@ def test_bfloat16_scores_agree_with_float32_on_the_default_model(
 ) -> None:
     engine = bf16_engine(backend, export_cache)
     result = measure_score_agreement(engine, SENTENCES, float32_scores)
-    assert result.tokens > 1000, result
+    assert result.sentences == len(SENTENCES) and result.tokens > 900, result
     assert result.largest_token_difference <= MAX_TOKEN_LOG_PROB_DIFFERENCE, result
     assert result.rank_correlation >= MIN_SCORE_RANK_CORRELATION, result

@@ -48,7 +48,7 @@ MIN_MASKS = 400
 # log-probability within the bound, and the sentences ranked alike (Spearman, by mean
 # log-probability per token). Each outside what its class measured
 # (benchmarks/results/score-agreement.md), and far from a broken graph's rank correlation near zero.
-MAX_TOKEN_LOG_PROB_DIFFERENCE = {"AMX": 1.0, "AVX-512 VNNI": 1.0, "AVX-VNNI": 1.0, "AVX2": 1.0}
+MAX_TOKEN_LOG_PROB_DIFFERENCE = {"AMX": 0.6, "AVX-512 VNNI": 0.6, "AVX-VNNI": 0.6, "AVX2": 0.5}
 MIN_SCORE_RANK_CORRELATION = {"AMX": 0.99, "AVX-512 VNNI": 0.99, "AVX-VNNI": 0.99, "AVX2": 0.99}
 
 
@@ -164,7 +164,7 @@ def test_int8_scores_agree_with_float32_on_the_default_model(
 ) -> None:
     result = measure_score_agreement(int8_default, SENTENCES, engine_scores(default_engine, SENTENCES))
     kernels = int8_kernels()
-    assert result.tokens > 1000, result
+    assert result.sentences == len(SENTENCES) and result.tokens > 900, result
     assert result.largest_token_difference <= MAX_TOKEN_LOG_PROB_DIFFERENCE[kernels], (kernels, result)
     assert result.rank_correlation >= MIN_SCORE_RANK_CORRELATION[kernels], (kernels, result)
     # It is not float32 in disguise: its scores move.
