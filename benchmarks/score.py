@@ -269,7 +269,7 @@ def model_section(run: ModelRun) -> list[str]:
         f"## {run.model.name}",
         "",
         f"{n} sentences (sentences.py's mix, the mask replaced by {FILLER!r}), {run.mean_tokens:.1f} tokens on "
-        f"average, {sum(1 for _ in run.reference)} scores; {len(run.rounds)} rounds. Sentences/s: median of the "
+        f"average, {len(run.reference)} scores; {len(run.rounds)} rounds. Sentences/s: median of the "
         "rounds (min–max); ratios: median of the per-round ratios to minicons' best batch size of that round.",
         "",
         "| system | sentences/s | p50 ms | p90 ms | statuses | largest \\|score − minicons\\| |",
