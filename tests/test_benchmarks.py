@@ -241,6 +241,37 @@ def test_fleet_report_pairs_the_balancer_s_overhead_inside_each_round() -> None:
     assert "| throughput, 3 replicas / 1 replica (both via HAProxy) | 0.79× |" in table
 
 
+async def test_score_load_scores_each_sentence_once_through_the_real_app(
+    make_client: ClientFactory, default_engine: FillMaskEngine
+) -> None:
+    from benchmarks.agreement import engine_scores
+    from benchmarks.score import score_load, score_sentences
+
+    sentences = score_sentences(6)
+    client = await make_client(engine=default_engine)
+    result = await score_load(str(client.make_url("/score")), sentences, concurrency=3, time_cap_s=60)
+    assert result.statuses == Counter({"200": 6}) and sorted(result.scores) == list(range(6))
+    assert result.rate > 0
+    # Each answer is its own sentence's, as the engine scores it in-process.
+    expected = [score.score for score in engine_scores(default_engine, sentences)]
+    assert [result.scores[k] for k in range(6)] == pytest.approx(expected, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_one_score_run_measures_minicons_and_maskserve_and_checks_their_scores_agree(tmp_path: Path) -> None:
+    pytest.importorskip("minicons", reason="the /score benchmark needs minicons: see benchmarks/score.py")
+    from benchmarks.score import BATCH_SIZES, render, run_model, system_name
+
+    run = run_model("default", ("torch",), 1, tmp_path, count=4)
+    [round_] = run.rounds
+    assert set(round_.minicons) == set(BATCH_SIZES["default"]) and all(rate > 0 for rate in round_.minicons.values())
+    for c in (1, 8):
+        assert sorted(round_.loads[system_name("torch"), c].scores) == [0, 1, 2, 3]
+    report = render([run], "python -m benchmarks.score --test")
+    assert "| minicons, batch size 1 | " in report and "| maskserve torch float32, c=8 | " in report
+    assert "scores and minicons' are equal within" in report
+
+
 @pytest.mark.slow
 def test_the_several_models_benchmark_runs_both_layouts_and_reports_ratios_and_memory(tmp_path: Path) -> None:
     from benchmarks import several_models

@@ -146,3 +146,10 @@ def test_the_readme_figures_are_the_committed_benchmark_results() -> None:
         assert measured, kernels
         [row] = [line for line in readme.splitlines() if line.startswith(f"| {kernels} ")]
         assert row.endswith(f"| `{name}` | {measured.group(2)} | {measured.group(1)}% |"), (row, measured.groups())
+
+
+def test_the_readme_score_figure_is_the_committed_benchmark_result() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    fastest = re.search(r"^- the fastest backend \(maskserve openvino-int8\): ([\d.]+×)", results("score.md"), re.M)
+    assert fastest, "score.md holds no figure for openvino int8 against minicons"
+    assert f"`/score` scored {fastest.group(1)} the sentences per second" in readme

@@ -97,6 +97,8 @@ def test_original_masks_one_token_per_copy_and_skips_special_tokens() -> None:
     copies = masked_copies(words, 4, "original")
     assert [c.input_ids for c in copies] == [(101, 4, 8, 9, 102), (101, 7, 4, 9, 102), (101, 7, 8, 4, 102)]
     assert [(c.target_ids, c.answer_position) for c in copies] == [((7,), 1), ((8,), 2), ((9,), 3)]
+    # The server reads each answer itself: no sequence is decoded, no JSON built.
+    assert all(c.read_by_server for c in copies)
 
 
 def test_within_word_l2r_masks_the_rest_of_the_word_to_the_right_only() -> None:
@@ -113,6 +115,7 @@ def test_a_copy_costs_one_text_of_one_prediction_whatever_its_masks() -> None:
     words = ((101, 7, 8, 9, 102), (None, 0, 0, 0, None))
     first = masked_copies(words, 4, "within_word_l2r")[0]
     assert (first.n_masks, first.predictions, first.n_tokens) == (1, 1, 5)
+    assert first.prediction_tokens == 0  # no sequence is decoded
 
 
 def test_the_score_is_the_sum_of_the_true_tokens_log_probabilities() -> None:

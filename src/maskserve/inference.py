@@ -109,6 +109,7 @@ def infer(model: FillMaskModel, batch: Sequence[WorkItem]) -> Outcome:
         elif not item.wanted():
             answers.append(None)
         else:
-            answers.append(TextAnswer(result, text_answer_json(result)))
+            # An answer the server reads itself is never sent: its JSON would be thrown away.
+            answers.append(TextAnswer(result, b"" if item.query.read_by_server else text_answer_json(result)))
             finished += item.work
     return Outcome(answers, time.perf_counter() - progress.started, progress.forward_s, finished)

@@ -57,6 +57,9 @@ class Query:
     # The one mask to answer, by its position in input_ids (a scoring copy masks a whole word's
     # rest but reads one token); None answers every mask.
     answer_position: int | None = None
+    # The server reads this answer itself and never sends it (a scoring copy): no ``sequence`` is
+    # decoded (it stays empty) and no JSON is built, work that would be thrown away.
+    read_by_server: bool = False
 
     @property
     def n_tokens(self) -> int:
@@ -70,8 +73,9 @@ class Query:
 
     @property
     def prediction_tokens(self) -> int:
-        """Predictions x tokens: each prediction decodes the whole text again (its ``sequence``)."""
-        return self.predictions * self.n_tokens
+        """Predictions x tokens: each prediction decodes the whole text again (its ``sequence``),
+        unless the server reads the answer itself (no ``sequence``)."""
+        return 0 if self.read_by_server else self.predictions * self.n_tokens
 
 
 # A text's token ids with special tokens, and each token's word index (None for special tokens).

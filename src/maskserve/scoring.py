@@ -72,6 +72,7 @@ def masked_copies(words: Words, mask_token_id: int, metric: Metric) -> list[Quer
                 # One answer is read, whatever the number of masks: that is what the copy costs.
                 n_masks=1,
                 answer_position=position,
+                read_by_server=True,
             )
         )
     return copies

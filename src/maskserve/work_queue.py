@@ -22,7 +22,8 @@ from .model_api import Query, TextPredictions
 
 @dataclass(frozen=True)
 class TextAnswer:
-    """What the inference thread hands back for one text: its predictions, and them as JSON."""
+    """What the inference thread hands back for one text: its predictions, and them as JSON (empty
+    for an answer the server reads itself, see ``Query.read_by_server``)."""
 
     predictions: TextPredictions
     json: bytes

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -123,3 +124,33 @@ def test_predict_returns_one_answer_per_query_in_order(engine_of: EngineOf) -> N
             scores = [p["score"] for p in mask]
             assert scores == sorted(scores, reverse=True)
             assert all(0.0 <= s <= 1.0 for s in scores)
+
+
+def test_an_answer_read_by_the_server_has_the_same_scores_and_no_sequence(engine_of: EngineOf) -> None:
+    bert_engine = engine_of("bert")
+    ids = bert_engine.encode("the [MASK] dog runs")
+    sent, read = bert_engine.predict([Query(ids, top_k=3), Query(ids, top_k=3, read_by_server=True)])
+    assert [(p["token"], p["token_str"]) for p in read[0]] == [(p["token"], p["token_str"]) for p in sent[0]]
+    assert [p["score"] for p in read[0]] == pytest.approx([p["score"] for p in sent[0]], abs=1e-6)
+    assert all(p["sequence"] for p in sent[0]) and not any(p["sequence"] for p in read[0])
+
+
+def test_the_head_runs_only_at_a_querys_answer_position(engine_of: EngineOf, monkeypatch: pytest.MonkeyPatch) -> None:
+    bert_engine = engine_of("bert")
+    ids = bert_engine.encode("a [MASK] [MASK] [MASK] b")
+    asked: list[list[tuple[int, int]]] = []
+    compute = bert_engine._mask_logits
+
+    def recording(input_ids: Any, attention_mask: Any, rows: Any, cols: Any) -> torch.Tensor:
+        asked.append(list(zip(rows.tolist(), cols.tolist())))
+        return compute(input_ids, attention_mask, rows, cols)
+
+    monkeypatch.setattr(bert_engine, "_mask_logits", recording)
+    every, one = bert_engine.predict([Query(ids, top_k=2), Query(ids, top_k=2, answer_position=3)])
+    # The second text's masks at 2 and 4 are context: no logits are computed there.
+    assert asked == [[(0, 2), (0, 3), (0, 4), (1, 3)]]
+    assert len(every) == 3 and len(one) == 1
+    assert [p["token"] for p in one[0]] == [p["token"] for p in every[1]]
+    assert [p["score"] for p in one[0]] == pytest.approx([p["score"] for p in every[1]], abs=1e-6)
+    # Its sequence is written as for a text of several masks (special tokens kept), as before.
+    assert one[0][0]["sequence"] == every[1][0]["sequence"]

@@ -2,7 +2,8 @@
 openvino, and honest about what runs it.
 
 Agreement is measured as benchmarks/agreement.py measures it, against the float32 pipeline, over
-the natural sentences of benchmarks/masked_sentences.py (480 masks).
+the natural sentences of benchmarks/masked_sentences.py (480 masks); ``/score``'s against torch
+float32, over the same sentences unmasked.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from typing import Any
 import pytest
 
 from benchmarks import offline
-from benchmarks.agreement import Answer, measure_agreement, pipeline_answers
-from benchmarks.masked_sentences import masked_texts
+from benchmarks.agreement import Answer, engine_scores, measure_agreement, measure_score_agreement, pipeline_answers
+from benchmarks.masked_sentences import SENTENCES, masked_texts
 from maskserve.engine import FillMaskEngine, default_model_dir, load_engine
 from maskserve.engine.cpu import native_bf16, precision_in_effect
+from maskserve.scoring import TextScore
 
 from ..conftest import load_openvino
 
@@ -24,6 +26,12 @@ from ..conftest import load_openvino
 MIN_TOP1_AGREEMENT = 0.99
 MAX_SCORE_DIFFERENCE = 0.02
 MIN_MASKS = 400
+# /score on the same model: each token's log-probability within this of float32's, and the
+# sentences ranked alike (Spearman, by mean log-probability per token). Both well outside what
+# bfloat16 measured on each class of CPU (benchmarks/results/score-agreement.md), and far from
+# what a broken encoder gives (a rank correlation near zero).
+MAX_TOKEN_LOG_PROB_DIFFERENCE = 0.25
+MIN_SCORE_RANK_CORRELATION = 0.995
 
 
 @pytest.fixture(scope="module")
@@ -60,3 +68,20 @@ def test_torch_bfloat16_runs_the_encoder_in_bfloat16_and_the_head_in_float32() -
     described = engine.describe()
     assert described["dtype"] == "bfloat16" and described["mask_only_head"] == "yes, in float32"
     assert described["precision"] == precision_in_effect("bfloat16", "cpu")
+
+
+@pytest.fixture(scope="module")
+def float32_scores(default_engine: FillMaskEngine) -> list[TextScore]:
+    """The natural sentences' ``/score`` answers from torch float32 on the default model."""
+    return engine_scores(default_engine, SENTENCES)
+
+
+@pytest.mark.parametrize("backend", ["torch", "openvino"])
+def test_bfloat16_scores_agree_with_float32_on_the_default_model(
+    backend: str, float32_scores: list[TextScore], export_cache: Path
+) -> None:
+    engine = bf16_engine(backend, export_cache)
+    result = measure_score_agreement(engine, SENTENCES, float32_scores)
+    assert result.sentences == len(SENTENCES) and result.tokens > 900, result
+    assert result.largest_token_difference <= MAX_TOKEN_LOG_PROB_DIFFERENCE, result
+    assert result.rank_correlation >= MIN_SCORE_RANK_CORRELATION, result

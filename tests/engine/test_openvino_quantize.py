@@ -2,7 +2,8 @@
 and close to float32 on the trained default model.
 
 Agreement is measured as benchmarks/agreement.py measures it, against the float32 pipeline, over
-the natural sentences of benchmarks/masked_sentences.py (480 masks).
+the natural sentences of benchmarks/masked_sentences.py (480 masks); ``/score``'s against torch
+float32, over the same sentences unmasked.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from typing import Any
 import pytest
 
 from benchmarks import offline
-from benchmarks.agreement import measure_agreement, pipeline_answers
-from benchmarks.masked_sentences import masked_texts
+from benchmarks.agreement import engine_scores, measure_agreement, measure_score_agreement, pipeline_answers
+from benchmarks.masked_sentences import SENTENCES, masked_texts
 from maskserve.app import load_model
-from maskserve.engine import BackendUnavailable, default_model_dir
+from maskserve.engine import BackendUnavailable, FillMaskEngine, default_model_dir
 from maskserve.engine.cpu import int8_fast, int8_in_effect, int8_kernels
 from maskserve.model_api import ModelSpec, Query
 from maskserve.settings import Settings
@@ -43,6 +44,12 @@ if HAS_OPENVINO and HAS_NNCF:
 MIN_TOP1_AGREEMENT = {"AMX": 0.95, "AVX-512 VNNI": 0.95, "AVX-VNNI": 0.95, "AVX2": 0.95}
 MAX_SCORE_DIFFERENCE = {"AMX": 0.08, "AVX-512 VNNI": 0.08, "AVX-VNNI": 0.08, "AVX2": 0.03}
 MIN_MASKS = 400
+# /score on the same model, per class of int8 kernels, against torch float32: each token's
+# log-probability within the bound, and the sentences ranked alike (Spearman, by mean
+# log-probability per token). Each outside what its class measured
+# (benchmarks/results/score-agreement.md), and far from a broken graph's rank correlation near zero.
+MAX_TOKEN_LOG_PROB_DIFFERENCE = {"AMX": 0.6, "AVX-512 VNNI": 0.6, "AVX-VNNI": 0.6, "AVX2": 0.5}
+MIN_SCORE_RANK_CORRELATION = {"AMX": 0.99, "AVX-512 VNNI": 0.99, "AVX-VNNI": 0.99, "AVX2": 0.99}
 
 
 def load_int8(model: str | None, cache: Path, int8_recipe: Any = None, **options: Any) -> OpenVinoFillMaskEngine:
@@ -150,6 +157,18 @@ def test_int8_agrees_with_the_float32_pipeline_on_the_default_model(int8_default
     assert result.largest_score_difference <= MAX_SCORE_DIFFERENCE[kernels], (kernels, result)
     # It is not float32 in disguise: its scores move.
     assert result.largest_score_difference > 1e-4, result
+
+
+def test_int8_scores_agree_with_float32_on_the_default_model(
+    int8_default: OpenVinoFillMaskEngine, default_engine: FillMaskEngine
+) -> None:
+    result = measure_score_agreement(int8_default, SENTENCES, engine_scores(default_engine, SENTENCES))
+    kernels = int8_kernels()
+    assert result.sentences == len(SENTENCES) and result.tokens > 900, result
+    assert result.largest_token_difference <= MAX_TOKEN_LOG_PROB_DIFFERENCE[kernels], (kernels, result)
+    assert result.rank_correlation >= MIN_SCORE_RANK_CORRELATION[kernels], (kernels, result)
+    # It is not float32 in disguise: its scores move.
+    assert result.largest_token_difference > 1e-3, result
 
 
 def test_calibration_batches_hold_every_text_with_its_masks(bert_dir: Path) -> None:

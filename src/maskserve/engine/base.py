@@ -227,6 +227,17 @@ def probe_texts(tokenizer: Any) -> list[tuple[int, ...]]:
     ]
 
 
+def answered_masks(queries: Sequence[Query], rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The mask positions ``(rows, cols)`` whose answers are read: a query with an
+    ``answer_position`` reads that one mask, so the head need not run at its other masks (a
+    scoring copy's rest of the word is context, not a question).
+    """
+    positions = np.array([-1 if q.answer_position is None else q.answer_position for q in queries], dtype=np.int64)
+    wanted = positions[rows]
+    keep = (wanted < 0) | (cols == wanted)
+    return (rows, cols) if keep.all() else (rows[keep], cols[keep])
+
+
 class FillMaskEngine:
     """What every backend shares: a tokenizer, and answers to batches of :class:`Query`.
 
@@ -365,6 +376,10 @@ class FillMaskEngine:
         input_ids, attention_mask = self._pad([q.input_ids for q in queries])
         # Row-major, as torch.nonzero: masks in text order, texts in batch order.
         rows, cols = np.nonzero(input_ids == self.mask_token_id)
+        # The pipeline writes a single mask's ``sequence`` without special tokens: counted before
+        # the rows nobody reads are dropped.
+        masks_per_text = np.bincount(rows, minlength=len(queries))
+        rows, cols = answered_masks(queries, rows, cols)
         probs = self._mask_logits(input_ids, attention_mask, rows, cols).float().softmax(dim=-1).cpu()
         if progress is not None:
             progress.forward_done()
@@ -373,15 +388,14 @@ class FillMaskEngine:
         results: list[TextPredictions] = []
         for index, query in enumerate(queries):
             text_result: TextPredictions = []
-            single_mask = bounds[index + 1] - bounds[index] == 1
+            single_mask = bool(masks_per_text[index] == 1)
             for mask_row in range(bounds[index], bounds[index + 1]):
-                if query.answer_position is not None and int(cols[mask_row]) != query.answer_position:
-                    continue
                 if progress is not None and not progress.wanted(index):
                     text_result = []
                     break
                 predictions = self._top_predictions(query, probs[mask_row])
-                self._fill_sequences(query, int(cols[mask_row]), predictions, single_mask)
+                if not query.read_by_server:
+                    self._fill_sequences(query, int(cols[mask_row]), predictions, single_mask)
                 text_result.append(predictions)
             results.append(text_result)
         return results
