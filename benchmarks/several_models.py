@@ -8,8 +8,11 @@ light (one client). Two scenarios: the small default model flooded while the ber
 is light, and the other way round. For each, the same loads run against ``maskserve --model a=...
 --model b=...`` (one process, one inference thread shared by the scheduler) and against two
 ``maskserve --model ...`` processes on the same cores (each with its own threads, as a proxy in
-front of two servers would run them). Reported: each model's answers per second, the light
-model's median and p99 latency, and the resident memory of one server against the two together.
+front of two servers would run them). Reported: each model's answers per second, the flooded
+model's median latency, the light model's median and p99 latency, and the resident memory of one
+server against the two together. With the large model flooded, a third layout holds its passes to
+``--cap`` padded tokens (its own ``max_batch_tokens`` in a models file): a light model waits for
+the pass in flight, so this bounds its wait.
 Every answer is checked against the pipeline's. The report starts with the CPU and its flags.
 """
 
@@ -83,10 +86,23 @@ def warm(urls: dict[str, str], loads: Sequence[Load]) -> None:
         asyncio.run(run_load(urls[load.name], load.sentences, load.expected, concurrency=4, requests=64, time_cap_s=60))
 
 
-def one_server(loads: Sequence[Load], seconds: float, logs: Path) -> Outcome:
+def one_server(loads: Sequence[Load], seconds: float, logs: Path, capped_tokens: int | None = None) -> Outcome:
+    """Both models in one server; with ``capped_tokens``, the flooded (first) model's passes held to
+    that many padded tokens by its own ``max_batch_tokens`` in a models file."""
     argv = [sys.executable, "-m", "maskserve", "--port", str(port := free_port())]
-    for load in loads:
-        argv += ["--model", f"{load.name}={load.model.path}"]
+    if capped_tokens is None:
+        for load in loads:
+            argv += ["--model", f"{load.name}={load.model.path}"]
+    else:
+        flooded, light = loads
+        models = logs / "several-models.yaml"
+        models.parent.mkdir(parents=True, exist_ok=True)
+        models.write_text(
+            f"models:\n  - name: {flooded.name}\n    source: {flooded.model.path}\n"
+            f"    max_batch_tokens: {capped_tokens}\n  - name: {light.name}\n    source: {light.model.path}\n",
+            encoding="utf-8",
+        )
+        argv += ["--models-file", str(models)]
     with Server("one server", argv, port, logs / "one-server.log") as server:
         urls = {load.name: f"{server.url}models/{load.name}" for load in loads}
         warm(urls, loads)
@@ -116,7 +132,9 @@ def two_servers(loads: Sequence[Load], seconds: float, logs: Path) -> Outcome:
             server.stop()
 
 
-def scenario_rows(title: str, loads: Sequence[Load], one: Outcome, two: Outcome) -> list[str]:
+def scenario_rows(
+    title: str, loads: Sequence[Load], one: Outcome, two: Outcome, capped: tuple[int, Outcome] | None = None
+) -> list[str]:
     flooded, light = loads
     rows = [
         f"### {title}",
@@ -124,14 +142,18 @@ def scenario_rows(title: str, loads: Sequence[Load], one: Outcome, two: Outcome)
         f"`{flooded.name}` ({flooded.model.name}) flooded by {flooded.concurrency} clients; "
         f"`{light.name}` ({light.model.name}) light, one client.",
         "",
-        "| layout | flooded answers/s | light answers/s | light p50 ms | light p99 ms | wrong or failed | RSS MiB |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| layout | flooded answers/s | flooded p50 ms | light answers/s | light p50 ms | light p99 ms "
+        "| wrong or failed | RSS MiB |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for layout, outcome in (("one server, two models", one), ("two servers, one model each", two)):
+    layouts = [("one server, two models", one), ("two servers, one model each", two)]
+    if capped is not None:
+        layouts.append((f"one server, `{flooded.name}`'s passes held to {capped[0]} tokens", capped[1]))
+    for layout, outcome in layouts:
         f, lt = outcome.results[flooded.name], outcome.results[light.name]
         failed = f.failed + lt.failed
         rows.append(
-            f"| {layout} | {f.rps:.1f} | {lt.rps:.1f} | {lt.p(50):.1f} | {lt.p(99):.1f} | {failed} "
+            f"| {layout} | {f.rps:.1f} | {f.p(50):.1f} | {lt.rps:.1f} | {lt.p(50):.1f} | {lt.p(99):.1f} | {failed} "
             f"| {outcome.rss / MIB:.0f} |"
         )
     f1, f2 = one.results[flooded.name], two.results[flooded.name]
@@ -152,6 +174,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--flood", type=int, default=32, help="clients of the flooded model")
     parser.add_argument("--mix", type=int, default=128, help="distinct sentences per model")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--cap",
+        type=int,
+        default=64,
+        help="with the large model flooded, a third layout: its max_batch_tokens held to this (0: none)",
+    )
     parser.add_argument(
         "--large", type=Path, default=None, help="the large model's folder (default: bert-base's shape, built once)"
     )
@@ -176,6 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("--seconds", args.seconds, 45.0),
             ("--flood", args.flood, 32),
             ("--mix", args.mix, 128),
+            ("--cap", args.cap, 64),
             ("--large", args.large, None),
         )
         if value != default
@@ -190,10 +219,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "the one server's, or the two servers' summed.",
         "",
     ]
-    for title, loads in scenarios:
+    for number, (title, loads) in enumerate(scenarios):
         one = one_server(loads, args.seconds, logs)
         two = two_servers(loads, args.seconds, logs)
-        lines += scenario_rows(title, loads, one, two)
+        # A light model waits for the pass in flight: a large flooded model's own token budget bounds it.
+        capped = (args.cap, one_server(loads, args.seconds, logs, args.cap)) if number == 1 and args.cap else None
+        lines += scenario_rows(title, loads, one, two, capped)
         print("\n".join(lines), flush=True)
     report = "\n".join(lines)
     args.out.parent.mkdir(parents=True, exist_ok=True)
