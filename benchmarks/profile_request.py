@@ -141,7 +141,7 @@ def span_figures(spans: list[ReadableSpan]) -> dict[str, float]:
 def load(model: BenchModel, backend: str) -> tuple[FillMaskEngine, ThreadPoolExecutor]:
     """The engine as ``maskserve --backend <backend>`` loads it (default threads, on its inference
     thread), and that thread."""
-    settings = Settings(model=str(model.path), backend=backend, cache_dir=str(CACHE_DIR / "maskserve-cache"))
+    settings = Settings(model=(str(model.path),), backend=backend, cache_dir=str(CACHE_DIR / "maskserve-cache"))
     thread = inference_thread()
     engine = thread.submit(load_model, settings).result()
     assert isinstance(engine, FillMaskEngine)

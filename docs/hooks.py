@@ -45,7 +45,7 @@ def _cell(text: str) -> str:
 
 
 def _default(value: object) -> str:
-    if value is None:
+    if value is None or value == ():
         return "none"
     if value == "":
         return '""'

@@ -270,3 +270,24 @@ def test_one_score_run_measures_minicons_and_maskserve_and_checks_their_scores_a
     report = render([run], "python -m benchmarks.score --test")
     assert "| minicons, batch size 1 | " in report and "| maskserve torch float32, c=8 | " in report
     assert "scores and minicons' are equal within" in report
+
+
+@pytest.mark.slow
+def test_the_several_models_benchmark_runs_both_layouts_and_reports_ratios_and_memory(tmp_path: Path) -> None:
+    from benchmarks import several_models
+
+    folder = default_model_dir()
+    assert folder is not None
+    out = tmp_path / "several-models.md"
+    argv = ["--seconds", "2", "--flood", "4", "--mix", "8", "--large", str(folder), "--out", str(out)]
+    assert several_models.main(argv) == 0
+    report = out.read_text(encoding="utf-8")
+    assert "CPU:" in report and "flags:" in report and "python -m benchmarks.several_models --seconds 2" in report
+    rows = [line for line in report.splitlines() if line.startswith(("| one server", "| two servers"))]
+    assert len(rows) == 5  # two layouts, two scenarios, and the capped one in the second
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert float(cells[1]) > 0 and float(cells[3]) > 0  # both models answered
+        assert cells[6] == "0"  # no wrong or failed answer
+        assert float(cells[7]) > 100  # MiB: a server with torch
+    assert report.count("One server against two:") == 2

@@ -153,3 +153,29 @@ def test_the_readme_score_figure_is_the_committed_benchmark_result() -> None:
     fastest = re.search(r"^- the fastest backend \(maskserve openvino-int8\): ([\d.]+×)", results("score.md"), re.M)
     assert fastest, "score.md holds no figure for openvino int8 against minicons"
     assert f"`/score` scored {fastest.group(1)} the sentences per second" in readme
+
+
+def test_the_several_models_figures_are_the_committed_benchmark_result() -> None:
+    """The Several models page quotes its benchmark's report: a rerun cannot leave it stale."""
+    page = " ".join((ROOT / "docs" / "models.md").read_text(encoding="utf-8").split())  # lines joined
+    report = results("several-models.md")
+    summaries = re.findall(
+        r"^One server against two: flooded throughput ([\d.]+×), light throughput ([\d.]+×), "
+        r"light p50 ([\d.]+×), memory ([\d.]+×) \((\d+) MiB less\)\.$",
+        report,
+        re.M,
+    )
+    assert len(summaries) == 2
+    (small_flooded, large_flooded) = summaries
+    assert f"used {small_flooded[3]} the memory of two servers" in page
+    assert f"({small_flooded[4]} and {large_flooded[4]} MiB less" in page
+    assert f"{small_flooded[1]} the answers per second of two servers and {small_flooded[2]} their median" in page
+    assert f"for {small_flooded[0]} the" in page
+    assert f"flooded model {large_flooded[0]} faster than two servers" in page
+    rows = dict(re.findall(r"^\| (one server[^|]*|two servers[^|]*) \| (.*) \|$", report.split("### ")[2], re.M))
+    one, two = rows["one server, two models"].split(" | "), rows["two servers, one model each"].split(" | ")
+    capped = next(cells for layout, cells in rows.items() if "held to" in layout).split(" | ")
+    assert f"{float(one[3]):.0f} ms median against {two[3]} ms" in page
+    assert f"flooded model's ({float(one[1]):.0f} ms)" in page
+    assert f"median to {float(capped[3]):.0f} ms" in page
+    assert f"at {float(capped[0]) / float(one[0]):.2f}× the" in page

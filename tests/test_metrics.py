@@ -42,7 +42,9 @@ async def scrape(client: Client) -> Samples:
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+    """The sum of ``name``'s samples that carry ``labels`` (and any others), as PromQL's sum() would."""
+    wanted = set(labels.items())
+    return sum(v for (sample, sample_labels), v in samples.items() if sample == name and wanted <= set(sample_labels))
 
 
 async def test_idle_exposition_declares_every_metric_with_its_type(make_client: ClientFactory) -> None:
@@ -194,7 +196,7 @@ async def test_inference_response_carries_timing_headers_and_request_id(make_cli
 
 def test_padding_ratio_is_the_share_of_padded_tokens_that_were_padding() -> None:
     metrics = Metrics()
-    metrics.observe_batch(BatchReport(size=2, real_tokens=6, padded_tokens=8, seconds=0.5, failed=1))
+    metrics.observe_batch(BatchReport(size=2, real_tokens=6, padded_tokens=8, seconds=0.5, failed=1), "maskserve")
     samples = parse(metrics.exposition()[0].decode())
     assert value(samples, "maskserve_batch_padding_ratio_sum") == 0.25
     assert value(samples, "maskserve_batch_padded_tokens_sum") == 8

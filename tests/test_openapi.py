@@ -113,6 +113,9 @@ INFER = "/v2/models/maskserve/infer"
 # The served model's routes, as the protocol lists them: without and with the version segment.
 MODEL_PATHS = ("/v2/models/maskserve", "/v2/models/maskserve/versions/1")
 INFER_PATHS = tuple(model + "/infer" for model in MODEL_PATHS)
+# The default model's routes, and the same by its name.
+FILL_PATHS = ("/", "/models/maskserve")
+SCORE_PATHS = ("/score", "/models/maskserve/score")
 
 
 def infer_body(*texts: str) -> dict[str, Any]:
@@ -209,12 +212,14 @@ async def test_every_documented_response_is_produced_and_matches_the_document(
     model.hold()
     busy = asyncio.create_task(client.post("/", data="the [MASK] barked."))
     await wait_until_entered(model)
-    await docs.check(await client.post("/", data=paris, headers={"X-Request-Timeout": "0.2"}), 504)
+    for path in FILL_PATHS:
+        await docs.check(await client.post(path, data=paris, headers={"X-Request-Timeout": "0.2"}), 504)
     await docs.check(await client.post("/demo", data={"text": paris}, headers={"X-Request-Timeout": "0.2"}), 504)
     for infer in INFER_PATHS:
         await docs.check(await client.post(infer, json=infer_body(paris), headers={"X-Request-Timeout": "0.2"}), 504)
     # POST /score: two scored tokens, two queued copies (the queue holds two).
-    await docs.check(await client.post("/score", data="a dog", headers={"X-Request-Timeout": "0.2"}), 504)
+    for path in SCORE_PATHS:
+        await docs.check(await client.post(path, data="a dog", headers={"X-Request-Timeout": "0.2"}), 504)
     await docs.check(
         await client.post("/demo/score", data={"sentences": "a dog"}, headers={"X-Request-Timeout": "0.2"}), 504
     )
@@ -223,16 +228,22 @@ async def test_every_documented_response_is_produced_and_matches_the_document(
     batcher = client.app[SERVICE_KEY].batcher
     queued = [asyncio.create_task(client.post("/", data="a [MASK] b.")) for _ in range(2)]
     for _ in range(500):  # the timed-out texts discarded, both new ones queued
-        if batcher.drops.expired == 6 + len(INFER_PATHS) and batcher.depth == 2:
+        # Each fill path's text, the page's, the infer paths', and two copies for each scoring path and the page's.
+        if (
+            batcher.drops.expired == len(FILL_PATHS) + 1 + len(INFER_PATHS) + 2 * (len(SCORE_PATHS) + 1)
+            and batcher.depth == 2
+        ):
             break
         await asyncio.sleep(0.01)
     else:
         raise AssertionError("the queue never held the two new texts")
-    await docs.check(await client.post("/", data=paris), 503)
+    for path in FILL_PATHS:
+        await docs.check(await client.post(path, data=paris), 503)
     await docs.check(await client.post("/demo", data={"text": paris}), 503)
     for infer in INFER_PATHS:
         await docs.check(await client.post(infer, json=infer_body(paris)), 503)
-    await docs.check(await client.post("/score", data="a dog"), 503)
+    for path in SCORE_PATHS:
+        await docs.check(await client.post(path, data="a dog"), 503)
     await docs.check(await client.post("/demo/score", data={"sentences": "a dog"}), 503)
     await asyncio.sleep(0.3)
     await docs.check(await client.get("/livez"), 503)
@@ -244,47 +255,54 @@ async def test_every_documented_response_is_produced_and_matches_the_document(
         await docs.check(response, 200)
 
     # POST /: both forms, single and several masks, single and several inputs.
-    await docs.check(await client.post("/", data=paris), 200)
-    await docs.check(await client.post("/", data="the [MASK] sat on the [MASK].", headers={"X-Request-Id": "r-1"}), 200)
-    for body in (
-        {"inputs": paris},
-        {"inputs": [paris, "the [MASK] sat on the [MASK]."], "parameters": {"top_k": 2}},
-        {"inputs": [paris], "parameters": {"targets": ["capital", "city"]}},
-    ):
-        await docs.check(await client.post("/", json=body), 200)
     json_headers = {"Content-Type": "application/json"}
-    for data, headers in (
-        (b"\xff\xfe [MASK]", {}),
-        (b'{"inputs": ', json_headers),
-        (paris.encode(), {"X-Request-Timeout": "soon"}),
-    ):
-        await docs.check(await client.post("/", data=data, headers=headers), 400)
-    await docs.check(await client.post("/", data=b"x" * 8192), 413)
-    for data, headers in (
-        (b"no mask here", {}),
-        (json.dumps({"inputs": paris, "model": "/etc/passwd"}).encode(), json_headers),
-        (json.dumps({"inputs": paris, "parameters": {"top_k": 0}}).encode(), json_headers),
-    ):
-        await docs.check(await client.post("/", data=data, headers=headers), 422)
     poisoned = "the [MASK] is poisoned."
     model.poisoned.add(bert_engine.encode(poisoned))
-    await docs.check(await client.post("/", data=poisoned), 500)
+    for path in FILL_PATHS:
+        await docs.check(await client.post(path, data=paris), 200)
+        await docs.check(
+            await client.post(path, data="the [MASK] sat on the [MASK].", headers={"X-Request-Id": "r-1"}), 200
+        )
+        for body in (
+            {"inputs": paris},
+            {"inputs": [paris, "the [MASK] sat on the [MASK]."], "parameters": {"top_k": 2}},
+            {"inputs": [paris], "parameters": {"targets": ["capital", "city"]}},
+        ):
+            await docs.check(await client.post(path, json=body), 200)
+        for data, headers in (
+            (b"\xff\xfe [MASK]", {}),
+            (b'{"inputs": ', json_headers),
+            (paris.encode(), {"X-Request-Timeout": "soon"}),
+        ):
+            await docs.check(await client.post(path, data=data, headers=headers), 400)
+        await docs.check(await client.post(path, data=b"x" * 8192), 413)
+        for data, headers in (
+            (b"no mask here", {}),
+            (json.dumps({"inputs": paris, "model": "/etc/passwd"}).encode(), json_headers),
+            (json.dumps({"inputs": paris, "parameters": {"top_k": 0}}).encode(), json_headers),
+        ):
+            await docs.check(await client.post(path, data=data, headers=headers), 422)
+        await docs.check(await client.post(path, data=poisoned), 500)
 
     # POST /score: raw text and JSON, one and several inputs, with and without tokens.
-    await docs.check(await client.post("/score", data="a dog"), 200)
-    for body in (
-        {"inputs": "a dog"},
-        {"inputs": ["dog", "cat"], "parameters": {"metric": "within_word_l2r", "tokens": True}},
-    ):
-        await docs.check(await client.post("/score", json=body), 200)
-    await docs.check(await client.post("/score", data=b'{"inputs": ', headers=json_headers), 400)
-    await docs.check(await client.post("/score", data=b"x" * 8192), 413)
-    for body in ({"inputs": ""}, {"inputs": "a dog", "parameters": {"metric": "l2r"}}, {"inputs": paris}):
-        await docs.check(await client.post("/score", json=body), 422)
     model.poisoned.add(
         masked_copies(bert_engine.encode_words("the cat"), bert_engine.mask_token_id, "original")[0].input_ids
     )
-    await docs.check(await client.post("/score", data="the cat"), 500)
+    for path in SCORE_PATHS:
+        await docs.check(await client.post(path, data="a dog"), 200)
+        for body in (
+            {"inputs": "a dog"},
+            {"inputs": ["dog", "cat"], "parameters": {"metric": "within_word_l2r", "tokens": True}},
+        ):
+            await docs.check(await client.post(path, json=body), 200)
+        await docs.check(await client.post(path, data=b'{"inputs": ', headers=json_headers), 400)
+        await docs.check(await client.post(path, data=b"x" * 8192), 413)
+        for body in ({"inputs": ""}, {"inputs": "a dog", "parameters": {"metric": "l2r"}}, {"inputs": paris}):
+            await docs.check(await client.post(path, json=body), 422)
+        await docs.check(await client.post(path, data="the cat"), 500)
+    # A name no model is served under.
+    await docs.check(await client.post("/models/bert", data=paris), 404)
+    await docs.check(await client.post("/models/bert/score", data="a dog"), 404)
 
     # The demo page.
     await docs.check(await client.get("/", params={"text": paris}), 200)

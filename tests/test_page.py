@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import asyncio
 from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
 
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+
+from maskserve.app import create_app
 from maskserve.keys import SERVICE_KEY
 from maskserve.model_api import Query
 from maskserve.page import CONTENT_SECURITY_POLICY
+from maskserve.settings import Settings
 
 from .conftest import ClientFactory
 from .fakes import ControlledModel, EchoModel
@@ -43,6 +51,11 @@ class Page(HTMLParser):
         self.example_links: list[str] = []
         self.scripts: list[dict[str, str | None]] = []
         self.forms: dict[str, dict[str, str | None]] = {}
+        # The model picker's options and choice, and the model each form posts (hidden fields).
+        self.models: list[str] = []
+        self.picked_model: str | None = None
+        self.posted_models: list[str | None] = []
+        self._select: str | None = None
         self.texts_by_id: dict[str, str] = {}
         self._open: list[tuple[str, str | None, set[str]]] = []
         self.feed(html)
@@ -56,9 +69,17 @@ class Page(HTMLParser):
         elif tag == "textarea":
             self.textarea, self.textarea_attrs = "", attributes
         elif tag == "select" and attributes.get("name") == "metric":
-            self.metric_attrs = attributes
+            self.metric_attrs, self._select = attributes, "metric"
+        elif tag == "select":
+            self._select = attributes.get("name")
+        elif tag == "option" and self._select == "model":
+            self.models.append(attributes.get("value") or "")
+            if "selected" in attributes:
+                self.picked_model = attributes.get("value")
         elif tag == "option" and "selected" in attributes:
             self.selected_metric = attributes.get("value")
+        elif tag == "input" and attributes.get("name") == "model":
+            self.posted_models.append(attributes.get("value"))
         elif tag == "input" and attributes.get("name") == "top_k":
             self.top_k_attrs = attributes
         elif tag == "form":
@@ -375,3 +396,67 @@ async def test_bad_timeout_header_is_shown_inline(make_client: ClientFactory) ->
     page = Page(await response.text())
     assert "X-Request-Timeout" in page.error
     assert page.textarea == PARIS
+
+
+async def test_a_server_of_one_model_shows_no_picker(make_client: ClientFactory) -> None:
+    client = await make_client()
+    page = Page(await (await client.get("/")).text())
+    assert page.models == [] and page.posted_models == []
+
+
+@pytest.fixture
+async def two_models(
+    aiohttp_client: Any, bert_dir: Path, roberta_dir: Path
+) -> TestClient[web.Request, web.Application]:
+    settings = Settings(model=(f"bert={bert_dir}", f"rob={roberta_dir}"), warmup=False)
+    client: TestClient[web.Request, web.Application] = await aiohttp_client(create_app(settings))
+    return client
+
+
+async def test_the_picker_lists_every_model_and_both_forms_post_the_chosen_one(
+    two_models: TestClient[web.Request, web.Application],
+) -> None:
+    page = Page(await (await two_models.get("/")).text())
+    assert page.models == ["bert", "rob"] and page.picked_model == "bert"
+    assert page.posted_models == ["bert", "bert"]  # the fill-mask form and the scoring form
+    assert page.texts_by_id["mask-token"] == "[MASK]"
+    picked = Page(await (await two_models.get("/", params={"model": "rob"})).text())
+    assert picked.picked_model == "rob" and picked.posted_models == ["rob", "rob"]
+    assert picked.texts_by_id["mask-token"] == "<mask>"
+    assert all("model=rob" in link and "%3Cmask%3E" in link for link in picked.example_links)
+
+
+async def test_the_forms_answer_with_the_chosen_model_as_its_routes_do(
+    two_models: TestClient[web.Request, web.Application],
+) -> None:
+    text = "paris is the <mask> of france."
+    api = await (await two_models.post("/models/rob", json={"inputs": text, "parameters": {"top_k": 3}})).json()
+    response = await two_models.post("/demo", data={"text": text, "top_k": "3", "model": "rob"})
+    assert response.status == 200
+    page = Page(await response.text())
+    assert page.words == [p["token_str"] for p in api]
+    assert page.picked_model == "rob"
+    scored = await (await two_models.post("/models/rob/score", data="the dog barked.")).json()
+    response = await two_models.post("/demo/score", data={"sentences": "the dog barked.", "model": "rob"})
+    assert response.status == 200
+    page = Page(await response.text())
+    assert page.sentence_scores == [f"{scored['score']:.2f}"]
+    # The same forms without a model answer with the first.
+    default = await (await two_models.post("/demo", data={"text": "paris is the [MASK] of france."})).text()
+    assert Page(default).picked_model == "bert"
+
+
+async def test_an_unknown_model_is_shown_inline_naming_the_served_ones(
+    two_models: TestClient[web.Request, web.Application],
+) -> None:
+    for response in (
+        await two_models.get("/", params={"model": "gpt"}),
+        await two_models.post("/demo", data={"text": PARIS, "model": "gpt"}),
+    ):
+        assert response.status == 404
+        page = Page(await response.text())
+        assert "No such model" in page.error and "'gpt'" in page.error and "'bert', 'rob'" in page.error
+        assert page.picked_model == "bert"  # the page falls back to the default model
+    response = await two_models.post("/demo/score", data={"sentences": "a dog.", "model": "gpt"})
+    assert response.status == 404
+    assert "'gpt'" in Page(await response.text()).score_error

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 import torch
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
-from maskserve.scoring import masked_copies, masked_positions, scored_positions, text_score, text_scores
+from maskserve.scoring import LOWEST_SCORE, masked_copies, masked_positions, scored_positions, text_score, text_scores
 
 from .conftest import ClientFactory, EngineOf
 
@@ -127,6 +128,16 @@ def test_the_score_is_the_sum_of_the_true_tokens_log_probabilities() -> None:
     score = text_score(copies, answers)  # type: ignore[arg-type]
     assert score.score == pytest.approx(-3 * 0.6931471805599453)
     assert [(t["token"], t["token_str"]) for t in score.tokens] == [(7, "a"), (8, "b")]
+
+
+def test_tokens_whose_probability_underflowed_give_the_lowest_float_not_an_error() -> None:
+    words = ((101, 7, 8, 9, 102), (None, 0, 1, 2, None))
+    copies = masked_copies(words, 4, "original")
+    answers = [[[{"score": p, "token": t, "token_str": "", "sequence": ""}]] for p, t in ((0.0, 7), (0.0, 8), (0.5, 9))]
+    score = text_score(copies, answers)  # type: ignore[arg-type]
+    # Two underflowed tokens sum below any float: the score is the lowest one, still valid JSON.
+    assert score.score == LOWEST_SCORE == -sys.float_info.max
+    assert [t["score"] for t in score.tokens] == [LOWEST_SCORE, LOWEST_SCORE, pytest.approx(math.log(0.5))]
 
 
 def test_text_scores_split_one_list_of_answers_back_into_texts_in_order() -> None:

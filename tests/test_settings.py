@@ -18,7 +18,8 @@ FIELDS = [f.name for f in dataclasses.fields(Settings)]
 OTHER_VALUES: dict[str, tuple[str, object]] = {
     "host": ("0.0.0.0", "0.0.0.0"),
     "port": ("9001", 9001),
-    "model": ("/models/bert", "/models/bert"),
+    "model": ("/models/bert", ("/models/bert",)),
+    "models_file": ("/etc/maskserve/models.yaml", "/etc/maskserve/models.yaml"),
     "device": ("auto", "auto"),
     "dtype": ("float16", "float16"),
     "quantize": ("int8", "int8"),
@@ -132,7 +133,7 @@ def test_every_field_is_covered_by_these_tests() -> None:
 def test_defaults_without_flags_or_environment() -> None:
     settings = load_settings([], env={})
     assert settings == Settings()
-    assert (settings.host, settings.port, settings.model) == ("127.0.0.1", 8000, None)
+    assert (settings.host, settings.port, settings.model) == ("127.0.0.1", 8000, ())
     assert (settings.device, settings.dtype, settings.threads) == ("cpu", "auto", 0)
     assert (settings.max_batch_size, settings.max_batch_tokens, settings.max_batch_delay) == (32, 8192, 0.0)
     assert (settings.max_queue, settings.max_body_bytes, settings.max_text_chars) == (256, 1_048_576, 10_000)

@@ -173,3 +173,34 @@ def test_a_backend_that_cannot_serve_stops_every_worker_with_exit_2(tmp_path: Pa
     assert result.returncode == 2, result.stderr  # as a single process exits
     assert "cannot start: cannot write the export cache" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_every_worker_serves_every_model(bert_dir: Path, roberta_dir: Path, tmp_path: Path) -> None:
+    server = start_maskserve(
+        "--workers",
+        "2",
+        "--model",
+        f"tiny={bert_dir}",
+        "--model",
+        f"rob={roberta_dir}",
+        log_path=tmp_path / "workers.log",
+        own_process_group=True,
+    )
+    try:
+        url = server.url + "/"
+        until(lambda: len(children(server.process.pid)) == 2 and _both_ready(url))
+        for _ in range(20):
+            assert b'"token_str"' in post(url + "models/tiny")
+            request = urllib.request.Request(url + "models/rob", data=b"Paris is the <mask> of France.", method="POST")
+            with urllib.request.urlopen(request, timeout=30) as response:
+                assert b'"token_str"' in response.read()
+        text = get(url + "metrics").decode()
+        served: dict[str, set[str]] = {}
+        for family in text_string_to_metric_families(text):
+            if family.name == "maskserve_queue_limit":
+                for sample in family.samples:
+                    served.setdefault(sample.labels["worker"], set()).add(sample.labels["model"])
+        assert served == {"0": {"tiny", "rob"}, "1": {"tiny", "rob"}}
+    finally:
+        server.kill()

@@ -24,10 +24,10 @@ import-linter contracts in setup.cfg (``tox -e style``) hold the code to this ta
     traces : tracing                                      what handlers tell tracing; its OpenTelemetry side (extra)
     metrics                                               the Prometheus registry, fed by the batcher and a stage
     admission | connections                               may a request come in | each connection's time limits
-    batcher | engine                                      the queue and batch loop (asyncio) | the model (torch)
-    inference                                             the inference thread's side of a batch: isolate, post-process
+    batcher | engine                                      one model's queue and batches (asyncio) | the model (torch)
+    inference | scheduler                                 the inference thread's side of a batch | whose batch runs next
     work_queue                                            the queue's records and one model's queue of them
-    costs | scoring | whole_words                         what work costs | a text's masked copies | whole-word targets
+    costs | scoring | whole_words | models_config         what work costs | copies | whole words | models by name
     settings | errors | model_api | packing | lifecycle   plain data: knobs, errors, model protocol, phase
 
 aiohttp is imported from the keys up, never by the service or below it; only the engine imports

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from aiohttp import web
 
@@ -32,18 +32,21 @@ log = logging.getLogger(__name__)
 MIN_WEIGHT_PERCENT = 1
 
 
-def load(batcher: Batcher, request_timeout: float) -> float:
-    """How close to refusing work at the door this server is: 0 idle, 1 refusing."""
-    queue = batcher.depth / batcher.settings.max_queue
-    wait = batcher.predicted_wait(ONE_TEXT) / request_timeout
-    return min(1.0, max(0.0, queue, wait))
+def load(batchers: Sequence[Batcher], request_timeout: float) -> float:
+    """How close to refusing work at the door this server is: 0 idle, 1 refusing; with several
+    models, the busiest one's (a balancer cannot send one model's requests elsewhere alone)."""
+    loads = (
+        max(batcher.depth / batcher.settings.max_queue, batcher.predicted_wait(ONE_TEXT) / request_timeout)
+        for batcher in batchers
+    )
+    return min(1.0, max(0.0, *loads))
 
 
-def agent_line(batcher: Batcher, lifecycle: Lifecycle, request_timeout: float) -> str:
+def agent_line(batchers: Sequence[Batcher], lifecycle: Lifecycle, request_timeout: float) -> str:
     """The one line HAProxy's agent-check reads (see the module docstring)."""
-    if lifecycle.draining or batcher.closed:
+    if lifecycle.draining or any(batcher.closed for batcher in batchers):
         return "drain\n"
-    weight = max(MIN_WEIGHT_PERCENT, round(100 * (1.0 - load(batcher, request_timeout))))
+    weight = max(MIN_WEIGHT_PERCENT, round(100 * (1.0 - load(batchers, request_timeout))))
     return f"ready up {weight}%\n"
 
 
@@ -57,7 +60,8 @@ def agent_context(port: int) -> Callable[[web.Application], contextlib.AbstractA
 
         async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
-                line = agent_line(service.batcher, service.lifecycle, settings.request_timeout)
+                batchers = [served.loaded.batcher for served in service.models.values()]
+                line = agent_line(batchers, service.lifecycle, settings.request_timeout)
                 writer.write(line.encode("ascii"))
                 await writer.drain()
             except ConnectionError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp_jinja2
@@ -22,9 +22,12 @@ from .middleware import chain
 from .middleware.chain import Spec, build_chain
 from .middleware.connections import connections_middleware
 from .model_api import FillMaskModel, ModelSpec
+from .models_config import ModelConfig, model_configs
+from .models_config import check as check_models
 from .page import security_headers
 from .routes import setup_routes
-from .service import FillMaskService, Loaded
+from .scheduler import Scheduler
+from .service import FillMaskService, Loaded, ModelParts
 from .settings import Settings, SettingsCheck
 
 log = logging.getLogger(__name__)
@@ -35,13 +38,15 @@ log = logging.getLogger(__name__)
 SETTINGS_CHECKS: dict[str, SettingsCheck] = {
     "traces_exporter": chain.check_tracing,
     "middleware": chain.check_setting,
+    "model": check_models,
 }
 
 
-def model_spec(settings: Settings) -> ModelSpec:
-    """The model the settings name, and how to load it."""
+def model_spec(config: ModelConfig) -> ModelSpec:
+    """The model a configuration names, and how to load it (by its own settings)."""
+    settings = config.settings
     return ModelSpec(
-        model=settings.model,
+        model=config.source,
         backend=settings.backend,
         cache_dir=settings.resolved_cache_dir(),
         device=settings.device,
@@ -52,18 +57,34 @@ def model_spec(settings: Settings) -> ModelSpec:
     )
 
 
-def load_model(settings: Settings) -> FillMaskModel:
-    """Load the engine named by the settings. Imported lazily: the HTTP side never imports torch."""
-    from .engine import load
+def load_models(configs: Sequence[ModelConfig]) -> dict[str, FillMaskModel]:
+    """Load every model, in order, by name. Imported lazily: the HTTP side never imports torch.
 
-    return load(model_spec(settings))
+    With several models, a refusal names the model it is about; it stops the start either way.
+    """
+    from .engine import BackendUnavailable, ModelLoadError, load
+
+    models: dict[str, FillMaskModel] = {}
+    for config in configs:
+        try:
+            models[config.name] = load(model_spec(config))
+        except (ModelLoadError, BackendUnavailable) as exc:
+            if len(configs) == 1:
+                raise
+            raise type(exc)(f"model {config.name!r}: {exc}") from exc
+    return models
+
+
+def load_model(settings: Settings) -> FillMaskModel:
+    """Load the (first) model the settings name; see :func:`load_models`."""
+    return next(iter(load_models(model_configs(settings)[:1]).values()))
 
 
 def inference_thread() -> ThreadPoolExecutor:
     """The one inference thread: the model never runs two batches at once, and torch's own
     intra-op threads (sized to the cores we have) do the parallel work.
 
-    Load the model on it too (``submit(load_model, settings)``): torch keeps thread-local state
+    Load the models on it too (``submit(load_models, configs)``): torch keeps thread-local state
     (its OpenMP team, the thread counts it set), and a model loaded on one thread and run on
     another runs measurably slower per text (``benchmarks/profile_request.py`` shows it).
     """
@@ -71,39 +92,46 @@ def inference_thread() -> ThreadPoolExecutor:
 
 
 def inference_context(
-    model: FillMaskModel | None, thread: ThreadPoolExecutor | None = None
+    engines: Mapping[str, FillMaskModel] | None, thread: ThreadPoolExecutor | None = None
 ) -> Callable[[web.Application], contextlib.AbstractAsyncContextManager[None]]:
-    """One owner for the model, the inference thread and the batch loop."""
+    """One owner for the models, the inference thread and the batch loop."""
 
     @contextlib.asynccontextmanager
     async def context(app: web.Application) -> AsyncIterator[None]:
         service = app[SERVICE_KEY]
-        settings = service.settings
         executor = thread or inference_thread()
         loop = asyncio.get_running_loop()
-        loaded = model if model is not None else await loop.run_in_executor(executor, load_model, settings)
-        batcher = Batcher(loaded, executor, settings)
-        if settings.warmup:
-            # Before the port opens and before the metrics look: its passes are no one's requests.
-            seconds = await batcher.warm_up(settings.max_top_k)
-            log.info(
-                "warmed up in %.2fs: the longest batch the limits admit would take about %.1fs here; "
-                "stall budget %.1fs",
-                seconds,
-                batcher.calibrated_longest_s,
-                batcher.stall_budget(settings.stall_timeout),
-            )
-        # One thread, so that tokenizing long texts takes at most one core from the model.
+        configs = [ModelConfig(served.name, served.source, served.settings) for served in service.models.values()]
+        loaded = dict(engines) if engines is not None else await loop.run_in_executor(executor, load_models, configs)
+        scheduler = Scheduler(executor)
+        models: dict[str, ModelParts] = {}
+        for served in service.models.values():
+            batcher = Batcher(loaded[served.name], executor, served.settings, scheduler=scheduler, name=served.name)
+            if served.settings.warmup:
+                # Before the port opens and before the metrics look: its passes are no one's requests.
+                seconds = await batcher.warm_up(served.settings.max_top_k)
+                log.info(
+                    "%s warmed up in %.2fs: the longest batch its limits admit would take about %.1fs here; "
+                    "stall budget %.1fs",
+                    served.name,
+                    seconds,
+                    batcher.calibrated_longest_s,
+                    batcher.stall_budget(served.settings.stall_timeout),
+                )
+            served.parts = models[served.name] = ModelParts(loaded[served.name], batcher, Admission(batcher))
+        # One thread, so that tokenizing long texts takes at most one core from the models.
         tokenizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="maskserve-tokenizer")
-        admission = Admission(batcher)
-        task = asyncio.create_task(batcher.run(), name="maskserve-batch-loop")
-        service.loaded = Loaded(loaded, batcher, admission, tokenizer, task)
-        service.metrics.attach(batcher, admission, settings.model_name, ready=lambda: ready(service).ok)
+        task = asyncio.create_task(scheduler.run(), name="maskserve-batch-loop")
+        service.loaded = Loaded(models, scheduler, tokenizer, task)
+        for name, parts in models.items():
+            service.metrics.attach(parts.batcher, parts.admission, name)
+        service.metrics.watch_readiness(lambda: ready(service).ok)
         try:
             yield
         finally:
-            batcher.close()
-            batcher.fail_pending(ShuttingDown("the server stopped before this request ran"))
+            scheduler.close()
+            for parts in models.values():
+                parts.batcher.fail_pending(ShuttingDown("the server stopped before this request ran"))
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -132,17 +160,18 @@ async def drain_on_shutdown(app: web.Application) -> None:
     within the drain budget."""
     service = app[SERVICE_KEY]
     service.lifecycle.start_draining()  # for an app stopped without the runner's signals
-    batcher = service.batcher
-    batcher.close()
+    scheduler = service.scheduler
+    scheduler.close()
     settings = service.settings
     log.info(
         "shutting down: draining %d queued texts%s (budget %.1fs)",
-        batcher.depth,
-        " and the batch in flight" if batcher.busy else "",
+        scheduler.depth,
+        " and the batch in flight" if scheduler.in_flight is not None else "",
         settings.drain_timeout,
     )
-    if not await batcher.drain(settings.drain_timeout):
-        refused = batcher.fail_pending(ShuttingDown("the server stopped before this request ran"))
+    if not await scheduler.drain(settings.drain_timeout):
+        stopped = ShuttingDown("the server stopped before this request ran")
+        refused = sum(lane.fail_pending(stopped) for lane in scheduler.lanes)
         log.warning("drain budget of %.1fs spent; answered %d queued requests 503", settings.drain_timeout, refused)
 
 
@@ -150,12 +179,15 @@ def create_app(
     settings: Settings,
     *,
     engine: FillMaskModel | None = None,
+    engines: Mapping[str, FillMaskModel] | None = None,
     thread: ThreadPoolExecutor | None = None,
     middlewares: Spec | None = None,
 ) -> web.Application:
-    """Build the server. Without ``engine``, the model named in ``settings`` is loaded at start-up,
-    on the inference thread. An ``engine`` loaded beforehand should come with the
-    :func:`inference_thread` it was loaded on, as ``thread``, which stays its caller's to shut down.
+    """Build the server. Without ``engine`` or ``engines``, the models named in ``settings`` are
+    loaded at start-up, on the inference thread. Models loaded beforehand come as ``engines`` (by
+    the names the settings give them) or, for a server of one model, as ``engine``; they should
+    come with the :func:`inference_thread` they were loaded on, as ``thread``, which stays its
+    caller's to shut down.
 
     ``middlewares`` overrides ``settings.middleware`` with the same specification, as a string or
     a list of names and factories (see :mod:`maskserve.middleware.chain`, where the built-in stages
@@ -168,14 +200,20 @@ def create_app(
     app = web.Application(
         middlewares=[connections_middleware, *chain.middlewares], client_max_size=settings.max_body_bytes
     )
-    app[SERVICE_KEY] = FillMaskService(settings, chain.names)
+    service = app[SERVICE_KEY] = FillMaskService(settings, chain.names)
+    if engine is not None:
+        if engines is not None or len(service.models) != 1:
+            raise ValueError("engine= serves a server of one model; give several as engines=")
+        engines = {service.default.name: engine}
+    if engines is not None and list(engines) != list(service.models):
+        raise ValueError(f"engines= names {list(engines)}, but the settings serve {list(service.models)}")
     # Stages that own resources for the app's life register them first, so that they are set up
     # before the model's lifecycle and torn down after it (see middleware/chain.py).
     for middleware in chain.middlewares:
         setup_app = getattr(middleware, "setup_app", None)
         if callable(setup_app):
             setup_app(app)
-    app.cleanup_ctx.append(inference_context(engine, thread))
+    app.cleanup_ctx.append(inference_context(engines, thread))
     if settings.agent_port:
         app.cleanup_ctx.append(agent_context(settings.agent_port))
     app.on_shutdown.append(drain_on_shutdown)

@@ -1,15 +1,17 @@
-"""The queue and the batch loop.
+"""One model's queue and batches.
 
 Requests become :class:`~maskserve.work_queue.WorkItem` records on one model's
-:class:`~maskserve.work_queue.WorkQueue`. One coroutine, :meth:`Batcher.run`, takes what is queued
-whenever the model is free, forms a batch within the size, token and delay limits, and runs it on a
-single-thread executor (:mod:`maskserve.inference` is that thread's side): the event loop never runs
-the model, and the model never runs two batches at once. Futures are resolved back on the event
-loop, and only while still pending (a client that left or timed out has already cancelled its own).
+:class:`~maskserve.work_queue.WorkQueue`. Whenever the inference thread is free and the
+:class:`~maskserve.scheduler.Scheduler` (one per server, whatever the number of models) picks this
+model, :meth:`Batcher.next_batch` forms a batch within the size, token and delay limits and
+:meth:`Batcher.run_batch` runs it on the single-thread executor (:mod:`maskserve.inference` is that
+thread's side): the event loop never runs a model, and the thread never runs two batches at once.
+Futures are resolved back on the event loop, and only while still pending (a client that left or
+timed out has already cancelled its own).
 
 The batcher decides nothing about admission (:mod:`maskserve.admission` does, from the queue and
-the :class:`~maskserve.costs.CostModel` this loop feeds), and :meth:`Batcher._next_batch` is the one
-place that picks what runs next.
+the :class:`~maskserve.costs.CostModel` this model's passes feed), nor which model runs next (the
+scheduler does); :meth:`Batcher.next_batch` is the one place that picks this model's next batch.
 """
 
 from __future__ import annotations
@@ -19,25 +21,17 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
 
 from .costs import NO_WORK, BatchReport, CostModel, Work
 from .errors import DeadlineExceeded, InferenceFailed
 from .inference import Outcome, infer
 from .model_api import FillMaskModel, Query
 from .packing import choose_batch, padded_cost
+from .scheduler import InFlight, Scheduler
 from .settings import Settings
 from .work_queue import Answer, DropCounts, TextAnswer, WorkItem, WorkQueue
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _InFlight:
-    """The batch on the inference thread: when it started and how long it should take."""
-
-    started: float
-    predicted_s: float
 
 
 # How many waiting texts the packer looks at per batch: enough to sort lengths apart, few enough
@@ -51,29 +45,38 @@ STALL_OBSERVED_MULTIPLE = 2.0
 
 
 class Batcher:
-    """Owns the queue and the batch loop; start :meth:`run` as one task."""
+    """One model's queue and batches, on a :class:`~maskserve.scheduler.Scheduler`'s thread.
 
-    def __init__(self, model: FillMaskModel, executor: Executor, settings: Settings) -> None:
+    Without a ``scheduler``, the batcher makes its own on ``executor``, and :meth:`run` is its
+    batch loop (one model, as in the tests); with several models, one scheduler serves them all.
+    """
+
+    def __init__(
+        self,
+        model: FillMaskModel,
+        executor: Executor,
+        settings: Settings,
+        *,
+        scheduler: Scheduler | None = None,
+        name: str = "",
+    ) -> None:
         self.model = model
-        self.executor = executor
-        # The batch and queue limits are the settings' own (max_batch_size, max_queue, ...).
+        # The name clients use for this model (its metrics and traces carry it).
+        self.name = name or model.name
+        self.scheduler = scheduler if scheduler is not None else Scheduler(executor)
+        self.scheduler.add(self)
+        self.executor = self.scheduler.executor
+        # The batch and queue limits are this model's settings' own (max_batch_size, max_queue, ...).
         self.settings = settings
         self.cost = CostModel()
         self.drops = DropCounts()
         self.listeners: list[Callable[[BatchReport], None]] = [self.cost.observe]
-        self.batches_run = 0
-        self.last_progress = time.monotonic()  # refreshed by the inference thread (heartbeat)
         # The longest batch the limits admit as predicted when warm-up measured the model, and
         # the longest pass seen since: floors of the stall budget that recent short batches,
         # which the cost model follows, cannot wear down.
         self.calibrated_longest_s = 0.0
         self.longest_pass_s = 0.0
         self._queue = WorkQueue()
-        self._arrived = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._closed = False
-        self._in_flight: _InFlight | None = None
 
     # -- intake (event loop) ------------------------------------------------------------------
 
@@ -83,18 +86,32 @@ class Batcher:
         return len(self._queue)
 
     @property
+    def queued_work(self) -> Work:
+        """The work of every text waiting (cancelled ones until swept)."""
+        return self._queue.work
+
+    @property
     def closed(self) -> bool:
-        return self._closed
+        return self.scheduler.closed
 
     @property
     def busy(self) -> bool:
-        return self._in_flight is not None
+        """Whether the inference thread runs a batch now, this model's or another's."""
+        return self.scheduler.in_flight is not None
 
     @property
     def busy_for(self) -> float:
-        """Seconds the batch in flight has held the inference thread; 0 when idle."""
-        in_flight = self._in_flight
-        return 0.0 if in_flight is None else time.monotonic() - in_flight.started
+        """Seconds the batch in flight, whichever model's, has held the inference thread; 0 when idle."""
+        return self.scheduler.busy_for
+
+    @property
+    def batches_run(self) -> int:
+        """Forward passes the inference thread has run, every model's."""
+        return self.scheduler.batches_run
+
+    @property
+    def last_progress(self) -> float:
+        return self.scheduler.last_progress
 
     def is_full(self, extra: int = 1) -> bool:
         """Whether ``extra`` more texts would overflow the queue's bound (admission asks)."""
@@ -115,11 +132,9 @@ class Batcher:
         return self.cost.predict(work.tokens, batches=batches) + self.cost.post_processing(work)
 
     def predicted_wait(self, extra: Work = NO_WORK) -> float:
-        """Seconds until texts queued now (plus ``extra``) would have their answers, by the measured cost."""
-        remaining = 0.0
-        if self._in_flight is not None:
-            remaining = max(0.0, self._in_flight.predicted_s - self.busy_for)
-        return remaining + self.seconds_for(self._queue.work + extra)
+        """Seconds until texts queued now (plus ``extra``) would have their answers, by the measured
+        cost, with the other models' queued work sharing the thread fairly (see the scheduler)."""
+        return self.scheduler.predicted_wait(self, self.seconds_for(self._queue.work + extra))
 
     def retry_after(self) -> float:
         """Seconds until the work ahead is done, by the measured cost; at least 1."""
@@ -151,8 +166,7 @@ class Batcher:
             query=query, future=loop.create_future(), enqueued_at=loop.time(), deadline=deadline, context=context
         )
         self._queue.append(item)
-        self._idle.clear()
-        self._arrived.set()
+        self.scheduler.wake()
         return item.future
 
     async def answer(self, queries: Sequence[Query], deadline: float, context: object = None) -> list[Answer]:
@@ -173,12 +187,12 @@ class Batcher:
                 future.cancel()  # no-op on finished ones; frees the others' queue slots
 
     def close(self) -> None:
-        """Stop intake: admission refuses every later request as shutting down."""
-        self._closed = True
-        self._arrived.set()
+        """Stop intake (every model's: they share the thread): admission refuses every later
+        request as shutting down."""
+        self.scheduler.close()
 
     def fail_pending(self, error: Exception) -> int:
-        """Answer everything still queued with ``error``; returns how many were waiting."""
+        """Answer everything this model has queued with ``error``; returns how many were waiting."""
         failed = 0
         while self._queue:
             item = self._queue.pop()
@@ -188,13 +202,8 @@ class Batcher:
         return failed
 
     async def drain(self, budget: float) -> bool:
-        """After :meth:`close`, wait up to ``budget`` seconds for the queue and the batch in flight."""
-        try:
-            async with asyncio.timeout(budget):
-                await self._idle.wait()
-        except TimeoutError:
-            return False
-        return True
+        """After :meth:`close`, wait up to ``budget`` seconds for the queues and the batch in flight."""
+        return await self.scheduler.drain(budget)
 
     # -- warm-up --------------------------------------------------------------------------------
 
@@ -242,21 +251,12 @@ class Batcher:
     # -- the batch loop -------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Form and run batches until cancelled. Never waits when there is nothing to wait for."""
-        loop = asyncio.get_running_loop()
-        while True:
-            if not self._queue:
-                self._idle.set()
-                self._arrived.clear()
-                await self._arrived.wait()
-                continue
-            await self._wait_for_company(loop)
-            batch = self._next_batch(loop.time())
-            if batch:
-                await self._run_batch(loop, batch)
+        """The batch loop of this batcher's scheduler (one model's own, when it made it): until cancelled."""
+        await self.scheduler.run()
 
-    async def _wait_for_company(self, loop: asyncio.AbstractEventLoop) -> None:
-        """With ``max_batch_delay``, wait until the oldest item's single deadline or a full batch.
+    async def wait_for_company(self, loop: asyncio.AbstractEventLoop, alone: Callable[[], bool] = lambda: True) -> None:
+        """With ``max_batch_delay``, wait until the oldest item's single deadline or a full batch,
+        or until ``alone()`` turns false (another model's work arrived: the thread must not idle).
 
         The window is counted once from the oldest waiting item (never restarted per arrival),
         and skipped entirely when the delay is 0.
@@ -265,13 +265,14 @@ class Batcher:
         if delay <= 0 or not self._queue:
             return
         close_at = self._queue.oldest.enqueued_at + delay
-        while len(self._queue) < self.settings.max_batch_size and not self._closed:
+        arrived = self.scheduler.arrived
+        while len(self._queue) < self.settings.max_batch_size and not self.closed and alone():
             remaining = close_at - loop.time()
             if remaining <= 0:
                 return
-            self._arrived.clear()
+            arrived.clear()
             try:
-                await asyncio.wait_for(self._arrived.wait(), remaining)
+                await asyncio.wait_for(arrived.wait(), remaining)
             except TimeoutError:
                 return
 
@@ -306,11 +307,11 @@ class Batcher:
         for item in self._queue.discard_done():
             self._count_drop(item, now)
 
-    def _next_batch(self, now: float) -> list[WorkItem]:
-        """The scheduler: choose the next batch, packed by length, always holding the oldest live item.
+    def next_batch(self, now: float) -> list[WorkItem]:
+        """This model's next batch, packed by length, always holding the oldest live item.
 
-        The one place that decides what runs next: a second model's queue or a second kind of
-        rows is weighed here.
+        The one place that decides what of this model's queue runs next (the scheduler decides
+        which model runs).
         """
         self._sweep(now)
         window = self._queue.window(PACKING_WINDOW_BATCHES * self.settings.max_batch_size)
@@ -334,11 +335,13 @@ class Batcher:
         # Unmeasured: assume a pass costs 32 tokens. Measured without a slope: never split.
         return float("inf") if fixed > 0 else 32.0
 
-    async def _run_batch(self, loop: asyncio.AbstractEventLoop, batch: list[WorkItem]) -> None:
+    async def run_batch(self, loop: asyncio.AbstractEventLoop, batch: list[WorkItem]) -> float:
+        """Run ``batch`` on the inference thread and resolve its futures; returns the seconds it held the thread."""
         padded = padded_cost([item.n_tokens for item in batch])
         started, started_ns = loop.time(), time.time_ns()
         predicted = self.cost.predict(padded) + self.cost.post_processing(Work.of([item.query for item in batch]))
-        self._in_flight = _InFlight(started=time.monotonic(), predicted_s=predicted)
+        scheduler = self.scheduler
+        scheduler.in_flight = InFlight(lane=self, started=time.monotonic(), predicted_s=predicted)
         try:
             outcome = await loop.run_in_executor(self.executor, self._infer, batch)
         except Exception:  # a bug in the isolation itself: fail this batch only, keep serving
@@ -346,9 +349,9 @@ class Batcher:
             failure: list[TextAnswer | Exception | None] = [InferenceFailed("inference failed")] * len(batch)
             outcome = Outcome(failure, loop.time() - started, None, Work())
         finally:
-            self._in_flight = None
-        self.batches_run += 1
-        number = self.batches_run
+            scheduler.in_flight = None
+        scheduler.batches_run += 1
+        number = scheduler.batches_run
         failed = 0
         for item, result in zip(batch, outcome.answers):
             if item.future.done():  # the client left or timed out while its batch ran
@@ -378,11 +381,12 @@ class Batcher:
                 listener(report)
             except Exception:  # an observer's bug (metrics, tracing) must not stop the batch loop
                 log.exception("a batch listener failed")
+        return outcome.seconds
 
     def _infer(self, batch: Sequence[WorkItem]) -> Outcome:
         """On the inference thread: the batch's whole job, with the heartbeat refreshed around it."""
-        self.last_progress = time.monotonic()
+        self.scheduler.last_progress = time.monotonic()
         outcome = infer(self.model, batch)
-        self.last_progress = time.monotonic()
+        self.scheduler.last_progress = time.monotonic()
         self.longest_pass_s = max(self.longest_pass_s, outcome.seconds)
         return outcome

@@ -19,6 +19,7 @@ from .deadlines import request_deadline
 from .errors import BodyTimeout, InvalidHeader, MaskserveError
 from .keys import service_of, state_of
 from .model_api import Query
+from .service import ServedModel
 from .whole_words import TextPlan
 from .work_queue import Answer
 
@@ -26,9 +27,24 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def admit_at_door(request: web.Request) -> None:
+# The route table's names for the path segment that names a model: /models/{name}/... (maskserve's
+# own) and /v2/models/{model}/... (the Open Inference Protocol's).
+MODEL_SEGMENTS = ("name", "model")
+
+
+def served_model(request: web.Request, name: str | None = None) -> ServedModel:
+    """The model the request is for: ``name``, else the one its path names, else the default.
+    An unknown name is a 404 that lists the served models. Remembered on the request (metrics)."""
+    if name is None:
+        name = next((request.match_info[key] for key in MODEL_SEGMENTS if key in request.match_info), None)
+    served = service_of(request.app).served(name)
+    state_of(request).model = served.name
+    return served
+
+
+def admit_at_door(request: web.Request, served: ServedModel | None = None) -> None:
     """Admission before the body is read; the deadline is fixed here, so reading the body counts."""
-    service_of(request.app).at_door(request_deadline(request))
+    service_of(request.app).at_door(request_deadline(request), served or served_model(request))
 
 
 async def read_body(request: web.Request) -> bytes:
@@ -66,20 +82,22 @@ def request_media_type(request: web.Request) -> str:
         raise InvalidHeader("the Content-Type header cannot be parsed", field="Content-Type") from None
 
 
-async def answer(request: web.Request, queries: Sequence[Query]) -> list[Answer]:
-    """Admit a request's texts on their whole cost, queue them and wait for their answers, which
-    are kept on the request for the metrics."""
+async def answer(request: web.Request, queries: Sequence[Query], served: ServedModel | None = None) -> list[Answer]:
+    """Admit a request's texts on ``served``'s (the default model's) whole cost, queue them and
+    wait for their answers, which are kept on the request for the metrics."""
     state = state_of(request)
-    answers = await service_of(request.app).answer(queries, request_deadline(request), state.trace)
+    answers = await service_of(request.app).answer(queries, request_deadline(request), state.trace, served)
     state.answers = answers
     return answers
 
 
-async def text_answers(request: web.Request, plans: Sequence[TextPlan]) -> list[Answer]:
+async def text_answers(
+    request: web.Request, plans: Sequence[TextPlan], served: ServedModel | None = None
+) -> list[Answer]:
     """:func:`answer` for fill-mask texts: every text's queries (whole-word copies included) admitted,
     queued and answered together, then one answer per text."""
-    answers = await answer(request, [query for plan in plans for query in plan.queries])
-    return await service_of(request.app).text_answers(plans, answers)
+    answers = await answer(request, [query for plan in plans for query in plan.queries], served)
+    return await service_of(request.app).text_answers(plans, answers, served)
 
 
 def timing_headers(answers: Sequence[Answer]) -> dict[str, str]:

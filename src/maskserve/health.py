@@ -1,18 +1,19 @@
 """Liveness and readiness, answered from the event loop: never queued behind inference.
 
-``/livez`` asks "should this process be restarted?" Only a stuck inference thread (one batch
-holding it past the stall budget) or a dead batch loop says yes. The budget is a multiple of the
+``/livez`` asks "should this process be restarted?" Only a stuck inference thread (one batch,
+of any model, holding it past the stall budget) or a dead batch loop says yes: there is one of each
+whatever the number of models. The budget is a multiple of the
 longest batch the limits admit, by this machine's measured costs (``Batcher.stall_budget``), so a
 big request can never look like a hang, and a busy or overloaded server is alive: restarting it
 would only lose its queue.
 
-``/readyz`` asks "can this process serve?" Not while the model loads, not while it drains after
+``/readyz`` asks "can this process serve?" Not while any model loads, not while it drains after
 a stop signal, not while it is stuck. Never because of load: a saturated fleet whose replicas all
 left their Service would answer clients with refused connections instead of a 503 with
 Retry-After. Overload is answered at the door, request by request; balancers that want to steer
 by load read the agent (agent.py) or the metrics.
 
-The checks are plain functions of the batcher's state, so tests drive them without HTTP.
+The checks are plain functions of the scheduler's state, so tests drive them without HTTP.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from .batcher import Batcher
 from .costs import ONE_TEXT
 from .keys import service_of, state_of
 from .lifecycle import Lifecycle
+from .scheduler import Scheduler
 from .service import FillMaskService
 
 
@@ -57,14 +58,14 @@ class Health:
         }
 
 
-def liveness(batcher: Batcher | None, batch_loop: asyncio.Task[None] | None, stall_floor: float) -> Health:
+def liveness(scheduler: Scheduler | None, batch_loop: asyncio.Task[None] | None, stall_floor: float) -> Health:
     """Alive unless a batch has held the inference thread past the stall budget or the batch loop died."""
-    if batcher is None:
-        # Still loading the model: alive, just not ready.
+    if scheduler is None:
+        # Still loading the models: alive, just not ready.
         return Health(facts={"loaded": False})
     problems: list[Problem] = []
-    busy_for = batcher.busy_for
-    budget = batcher.stall_budget(stall_floor)
+    busy_for = scheduler.busy_for
+    budget = scheduler.stall_budget(stall_floor)
     if busy_for > budget:
         problems.append(
             Problem(
@@ -74,7 +75,7 @@ def liveness(batcher: Batcher | None, batch_loop: asyncio.Task[None] | None, sta
                 f"--stall-timeout {stall_floor:g}s)",
             )
         )
-    if batch_loop is not None and batch_loop.done() and not batcher.closed:
+    if batch_loop is not None and batch_loop.done() and not scheduler.closed:
         # The loop only ends when the app stops; ending earlier means it crashed (a bug), and
         # nothing queued will ever run again.
         problems.append(Problem("batch_loop_stopped", "the batch loop has stopped; no queued request will run"))
@@ -82,22 +83,23 @@ def liveness(batcher: Batcher | None, batch_loop: asyncio.Task[None] | None, sta
         tuple(problems),
         {
             "loaded": True,
-            "busy": batcher.busy,
+            "busy": scheduler.in_flight is not None,
             "busy_for_s": round(busy_for, 3),
-            "since_progress_s": round(time.monotonic() - batcher.last_progress, 3),
-            "batches_run": batcher.batches_run,
+            "since_progress_s": round(time.monotonic() - scheduler.last_progress, 3),
+            "batches_run": scheduler.batches_run,
             "stall_budget_s": round(budget, 3),
         },
     )
 
 
-def readiness(batcher: Batcher | None, live: Health, lifecycle: Lifecycle | None = None) -> Health:
-    """Ready when the model is loaded, the server is not draining and it is alive; load is no
-    part of it (see the module docstring), though the facts show it to whoever looks."""
-    if batcher is None:
-        return Health((Problem("loading", "the model is still loading"),), {"loaded": False})
+def readiness(scheduler: Scheduler | None, live: Health, lifecycle: Lifecycle | None = None) -> Health:
+    """Ready when every model is loaded, the server is not draining and it is alive; load is no
+    part of it (see the module docstring), though the facts show it to whoever looks: texts queued
+    and the queues' bounds over every model, and the longest predicted wait of any."""
+    if scheduler is None:
+        return Health((Problem("loading", "the models are still loading"),), {"loaded": False})
     problems = list(live.problems)
-    if batcher.closed:
+    if scheduler.closed:
         problems.append(Problem("draining", "the server is shutting down and accepts no new work"))
     elif lifecycle is not None and lifecycle.draining:
         # Still answering (the drain delay): this probe failing is what tells balancers to stop.
@@ -106,9 +108,9 @@ def readiness(batcher: Batcher | None, live: Health, lifecycle: Lifecycle | None
         tuple(problems),
         {
             "loaded": True,
-            "queue_depth": batcher.depth,
-            "max_queue": batcher.settings.max_queue,
-            "predicted_wait_s": round(batcher.predicted_wait(ONE_TEXT), 3),
+            "queue_depth": scheduler.depth,
+            "max_queue": sum(lane.settings.max_queue for lane in scheduler.lanes),
+            "predicted_wait_s": round(max((lane.predicted_wait(ONE_TEXT) for lane in scheduler.lanes), default=0.0), 3),
         },
     )
 
@@ -130,13 +132,13 @@ def live(service: FillMaskService) -> Health:
     loaded = service.loaded
     if loaded is None:
         return liveness(None, None, service.settings.stall_timeout)
-    return liveness(loaded.batcher, loaded.batch_loop, service.settings.stall_timeout)
+    return liveness(loaded.scheduler, loaded.batch_loop, service.settings.stall_timeout)
 
 
 def ready(service: FillMaskService) -> Health:
     """The service's readiness now (liveness problems included)."""
     loaded = service.loaded
-    return readiness(loaded.batcher if loaded is not None else None, live(service), service.lifecycle)
+    return readiness(loaded.scheduler if loaded is not None else None, live(service), service.lifecycle)
 
 
 async def livez(request: web.Request) -> web.Response:

@@ -7,6 +7,7 @@ imports torch, and nothing here runs the model.
 from __future__ import annotations
 
 import platform
+from collections.abc import Sequence
 
 import aiohttp
 from aiohttp import web
@@ -17,6 +18,8 @@ from .model_api import FillMaskModel, describe_model
 from .settings import Settings
 
 Section = dict[str, str | int | float | bool | None]
+# A served model's section in the "models" list: its own, with its batching and limits nested.
+ModelEntry = dict[str, str | int | float | bool | Section | None]
 
 
 def model_section(model: FillMaskModel | None, name: str) -> Section | None:
@@ -53,22 +56,58 @@ def model_section(model: FillMaskModel | None, name: str) -> Section | None:
     }
 
 
-def server_info(
-    settings: Settings, model: FillMaskModel | None, middleware: tuple[str, ...] = ()
-) -> dict[str, Section | list[str] | None]:
-    description = describe_model(model) if model is not None else {}
-    served = model_section(model, settings.model_name)
-    if served is not None:
-        served["quantize"] = settings.quantize
+def batching_section(settings: Settings) -> Section:
     return {
-        "model": served,
+        "max_batch_size": settings.max_batch_size,
+        "max_batch_tokens": settings.max_batch_tokens,
+        "max_batch_delay_s": settings.max_batch_delay,
+    }
+
+
+def limits_section(settings: Settings) -> Section:
+    return {
+        "max_body_bytes": settings.max_body_bytes,
+        "max_text_chars": settings.max_text_chars,
+        "max_inputs": settings.max_inputs,
+        "max_top_k": settings.max_top_k,
+        "max_targets": settings.max_targets,
+        "default_top_k": settings.default_top_k,
+        "max_score_tokens": settings.max_score_tokens,
+        "max_word_copies": settings.max_word_copies,
+    }
+
+
+def models_list(served: Sequence[tuple[str, Settings, FillMaskModel | None]]) -> list[ModelEntry]:
+    """Every served model by name, the default first: how it runs, its queue bound, its batching and limits."""
+    entries: list[ModelEntry] = []
+    for name, settings, model in served:
+        section = model_section(model, name) or {"name": name}
+        entry: ModelEntry = {**section, "quantize": settings.quantize, "max_queue": settings.max_queue}
+        entry["batching"] = batching_section(settings)
+        entry["limits"] = limits_section(settings)
+        entries.append(entry)
+    return entries
+
+
+def server_info(
+    settings: Settings,
+    model: FillMaskModel | None,
+    middleware: tuple[str, ...] = (),
+    served: Sequence[tuple[str, Settings, FillMaskModel | None]] | None = None,
+) -> dict[str, Section | list[str] | list[ModelEntry] | None]:
+    """The server's description; ``model`` is the default model, ``served`` every model (name,
+    settings, engine once loaded), the default alone when not given."""
+    description = describe_model(model) if model is not None else {}
+    default = model_section(model, settings.model_name if not served else served[0][0])
+    if default is not None:
+        default["quantize"] = settings.quantize
+    return {
+        # The default model, which POST / serves (every model is in "models").
+        "model": default,
+        "models": models_list(served or [(settings.model_name, settings, model)]),
         # The active middleware stages, outermost first (auth and cors only when configured).
         "middleware": list(middleware),
-        "batching": {
-            "max_batch_size": settings.max_batch_size,
-            "max_batch_tokens": settings.max_batch_tokens,
-            "max_batch_delay_s": settings.max_batch_delay,
-        },
+        "batching": batching_section(settings),
         "breaker": {
             "max_queue": settings.max_queue,
             "request_timeout_s": settings.request_timeout,
@@ -85,16 +124,7 @@ def server_info(
             "max_connections": settings.max_connections,
             "max_unsent_bytes": settings.max_unsent_bytes,
         },
-        "limits": {
-            "max_body_bytes": settings.max_body_bytes,
-            "max_text_chars": settings.max_text_chars,
-            "max_inputs": settings.max_inputs,
-            "max_top_k": settings.max_top_k,
-            "max_targets": settings.max_targets,
-            "default_top_k": settings.default_top_k,
-            "max_score_tokens": settings.max_score_tokens,
-            "max_word_copies": settings.max_word_copies,
-        },
+        "limits": limits_section(settings),
         "versions": {
             "maskserve": __version__,
             "torch": description.get("torch_version"),
@@ -109,7 +139,7 @@ def server_info(
 
 async def info(request: web.Request) -> web.Response:
     """``GET /info``: the served model and the server's configuration, as JSON."""
-    app = request.app
-    service = service_of(app)
-    model = service.loaded.model if service.loaded is not None else None
-    return web.json_response(server_info(service.settings, model, service.middleware))
+    service = service_of(request.app)
+    served = [(m.name, m.settings, m.parts.model if m.parts is not None else None) for m in service.models.values()]
+    default = service.default
+    return web.json_response(server_info(default.settings, served[0][2], service.middleware, served))

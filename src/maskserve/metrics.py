@@ -1,4 +1,8 @@
-"""Prometheus metrics: one registry per app, fed by the request middleware and the batcher.
+"""Prometheus metrics: one registry per app, fed by the request middleware and the batchers.
+
+Every series about a model's work (requests, queue, batches, refusals) is labelled ``model``, the
+name clients use for it; a request that named no served model (a probe, an unknown name) has
+``model=""``, so that a client cannot make new series by inventing names.
 
 Each app owns a :class:`prometheus_client.CollectorRegistry` (never the process-global one), so
 several apps in one process, as in the tests, keep separate counts. Request figures come from
@@ -10,6 +14,7 @@ can never drift from the batcher's own counters.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from prometheus_client import (
@@ -52,61 +57,69 @@ class Metrics:
         registry = self.registry
         self.requests = Counter(
             "maskserve_requests",
-            "HTTP requests answered, by route, status code and kind (ok or the error kind).",
-            ["route", "status", "kind"],
+            "HTTP requests answered, by route, status code, kind (ok or the error kind) and model.",
+            ["route", "status", "kind", "model"],
             registry=registry,
         )
         self.request_seconds = Histogram(
             "maskserve_request_duration_seconds",
-            "Time from the request reaching the app to its response, by route.",
-            ["route"],
+            "Time from the request reaching the app to its response, by route and model.",
+            ["route", "model"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
         self.queue_wait_seconds = Histogram(
             "maskserve_queue_wait_seconds",
-            "Time each answered text waited in the queue before its forward pass started.",
+            "Time each answered text waited in its model's queue before its forward pass started.",
+            ["model"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
         self.inference_seconds = Histogram(
             "maskserve_inference_duration_seconds",
-            "Time of each forward pass (one batch) on the inference thread.",
+            "Time of each forward pass (one batch, of one model) on the inference thread.",
+            ["model"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
         self.batch_size = Histogram(
             "maskserve_batch_size",
             "Texts in each forward pass.",
+            ["model"],
             buckets=BATCH_SIZE_BUCKETS,
             registry=registry,
         )
         self.batch_padded_tokens = Histogram(
             "maskserve_batch_padded_tokens",
             "Tokens each forward pass computed: texts x longest text, padding included.",
+            ["model"],
             buckets=TOKEN_BUCKETS,
             registry=registry,
         )
         self.batch_padding_ratio = Histogram(
             "maskserve_batch_padding_ratio",
             "Share of each forward pass spent on padding: 1 - real tokens / padded tokens.",
+            ["model"],
             buckets=RATIO_BUCKETS,
             registry=registry,
         )
         self.busy_seconds = Counter(
             "maskserve_inference_busy_seconds",
             "Seconds the inference thread spent in forward passes, counted when each pass ends. "
-            "rate() of it is the thread's busy ratio.",
+            "rate() of it is the thread's busy ratio (summed over models: the thread is shared).",
+            ["model"],
             registry=registry,
         )
         self.failed_texts = Counter(
             "maskserve_inference_failed_texts",
             "Texts the model failed on, after isolating them from their batch (500 inference_failed).",
+            ["model"],
             registry=registry,
         )
         self.model_info = Info(
             "maskserve_model",
-            "The model served and how it runs (labels); the value is always 1.",
+            "Each model served and how it runs (labels); the value is always 1.",
+            ["model"],
             registry=registry,
         )
         self._state = _ServingState()
@@ -119,29 +132,22 @@ class Metrics:
         """Export the client connections' figures, read from ``guard`` at scrape time."""
         self.registry.register(_ConnectionState(guard))
 
-    def attach(
-        self,
-        batcher: Batcher,
-        admission: Admission | None = None,
-        model_name: str | None = None,
-        ready: Callable[[], bool] | None = None,
-    ) -> None:
-        """Start observing ``batcher``'s batches, and export its state (and admission's) at scrape time.
+    def attach(self, batcher: Batcher, admission: Admission | None = None, model_name: str | None = None) -> None:
+        """Start observing one model's batches, and export its state (and admission's) at scrape time.
 
-        ``model_name`` is the name clients use (``--model-name``); the model's own, its source, is a
-        label too. ``ready`` is the readiness probe's own verdict, handed down by the layer that
-        owns it, so the gauge and ``/readyz`` can never disagree.
+        ``model_name`` is the name clients use (``--model``'s NAME); the model's own, its source, is a
+        label of its info too.
         """
-        batcher.listeners.append(self.observe_batch)
-        self._state.batcher = batcher
-        self._state.admission = admission
-        self._state.ready = ready
+        name = model_name or batcher.name
+        batcher.listeners.append(lambda report: self.observe_batch(report, name))
         description = describe_model(batcher.model)
         load_seconds = description.get("load_seconds")
-        self._state.load_seconds = float(load_seconds) if isinstance(load_seconds, int | float) else None
-        self.model_info.info(
+        self._state.lanes.append(
+            _Lane(name, batcher, admission, float(load_seconds) if isinstance(load_seconds, int | float) else None)
+        )
+        self.model_info.labels(model=name).info(
             {
-                "name": model_name or batcher.model.name,
+                "name": name,
                 "source": str(description.get("source", batcher.model.name)),
                 "mask_token": batcher.model.mask_token,
                 "device": str(description.get("device", "unknown")),
@@ -150,43 +156,57 @@ class Metrics:
             }
         )
 
-    def observe_batch(self, report: BatchReport) -> None:
+    def watch_readiness(self, ready: Callable[[], bool]) -> None:
+        """Export ``maskserve_ready`` from the readiness probe's own verdict, handed down by the layer
+        that owns it, so the gauge and ``/readyz`` can never disagree."""
+        self._state.ready = ready
+
+    def observe_batch(self, report: BatchReport, model: str) -> None:
         """Batcher listener: one call per forward pass, on the event loop."""
-        self.inference_seconds.observe(report.seconds)
-        self.busy_seconds.inc(report.seconds)
-        self.batch_size.observe(report.size)
-        self.batch_padded_tokens.observe(report.padded_tokens)
+        self.inference_seconds.labels(model=model).observe(report.seconds)
+        self.busy_seconds.labels(model=model).inc(report.seconds)
+        self.batch_size.labels(model=model).observe(report.size)
+        self.batch_padded_tokens.labels(model=model).observe(report.padded_tokens)
         if report.padded_tokens > 0:
-            self.batch_padding_ratio.observe(1.0 - report.real_tokens / report.padded_tokens)
+            self.batch_padding_ratio.labels(model=model).observe(1.0 - report.real_tokens / report.padded_tokens)
         if report.failed:
-            self.failed_texts.inc(report.failed)
+            self.failed_texts.labels(model=model).inc(report.failed)
 
-    def observe_answers(self, answers: Sequence[Answer]) -> None:
+    def observe_answers(self, answers: Sequence[Answer], model: str) -> None:
         """Queue waits of one request's answered texts."""
+        waits = self.queue_wait_seconds.labels(model=model)
         for answer in answers:
-            self.queue_wait_seconds.observe(answer.queued_s)
+            waits.observe(answer.queued_s)
 
-    def observe_request(self, route: str, status: int, kind: str, seconds: float) -> None:
-        self.requests.labels(route=route, status=str(status), kind=kind).inc()
-        self.request_seconds.labels(route=route).observe(seconds)
+    def observe_request(self, route: str, status: int, kind: str, seconds: float, model: str = "") -> None:
+        self.requests.labels(route=route, status=str(status), kind=kind, model=model).inc()
+        self.request_seconds.labels(route=route, model=model).observe(seconds)
 
     def exposition(self) -> tuple[bytes, str]:
         """The registry in Prometheus text format, and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
+@dataclass(frozen=True)
+class _Lane:
+    """One model's live parts, read at scrape time."""
+
+    name: str
+    batcher: Batcher
+    admission: Admission | None
+    load_seconds: float | None
+
+
 class _ServingState(Collector):
-    """Figures read from the batcher and admission when scraped, so they never drift from them."""
+    """Figures read from the batchers and admissions when scraped, so they never drift from them."""
 
     def __init__(self) -> None:
-        self.batcher: Batcher | None = None
-        self.admission: Admission | None = None
+        self.lanes: list[_Lane] = []
         self.ready: Callable[[], bool] | None = None
-        self.load_seconds: float | None = None
 
     def collect(self) -> Iterator[Metric]:
-        batcher = self.batcher
-        if batcher is None:  # the model is not loaded yet
+        lanes = self.lanes
+        if not lanes:  # the models are not loaded yet
             return
         if self.ready is not None:
             yield GaugeMetricFamily(
@@ -194,44 +214,53 @@ class _ServingState(Collector):
                 "1 while /readyz answers 200 (loaded, not draining, not stuck), else 0; never load.",
                 value=1.0 if self.ready() else 0.0,
             )
-        yield GaugeMetricFamily("maskserve_queue_depth", "Texts waiting for the model now.", value=batcher.depth)
-        yield GaugeMetricFamily(
-            "maskserve_queue_limit", "Most texts that may wait (--max-queue).", value=batcher.settings.max_queue
+        depth = GaugeMetricFamily("maskserve_queue_depth", "Texts waiting for each model now.", labels=["model"])
+        limit = GaugeMetricFamily(
+            "maskserve_queue_limit", "Most texts that may wait for each model (--max-queue).", labels=["model"]
         )
-        yield GaugeMetricFamily(
+        wait = GaugeMetricFamily(
             "maskserve_predicted_wait_seconds",
-            "Predicted wait for one more text now, from the measured cost; admission refuses at the door by it.",
-            value=batcher.predicted_wait(ONE_TEXT),
-        )
-        yield GaugeMetricFamily(
-            "maskserve_inference_in_flight_seconds",
-            "How long the forward pass in flight has been running; 0 when idle (/livez compares it "
-            "with the stall budget).",
-            value=batcher.busy_for,
+            "Predicted wait for one more text of each model now, from the measured cost and the other "
+            "models' fair share; admission refuses at the door by it.",
+            labels=["model"],
         )
         dropped = CounterMetricFamily(
             "maskserve_dropped_texts",
-            "Texts removed from the queue without a forward pass: deadline passed or sure to pass "
+            "Texts removed from a model's queue without a forward pass: deadline passed or sure to pass "
             "(expired), or client gone (abandoned).",
-            labels=["reason"],
+            labels=["model", "reason"],
         )
-        dropped.add_metric(["expired"], batcher.drops.expired)
-        dropped.add_metric(["abandoned"], batcher.drops.abandoned)
-        yield dropped
-        if self.admission is not None:
-            refused = CounterMetricFamily(
-                "maskserve_refused_requests",
-                "Requests admission refused with 503, at the door or once parsed, by reason.",
-                labels=["reason"],
-            )
-            counts = self.admission.refused
-            for reason in sorted(set(REFUSAL_REASONS) | set(counts)):
-                refused.add_metric([reason], counts[reason])
-            yield refused
-        if self.load_seconds is not None:
-            yield GaugeMetricFamily(
-                "maskserve_model_load_seconds", "Seconds the model took to load at start-up.", value=self.load_seconds
-            )
+        refused = CounterMetricFamily(
+            "maskserve_refused_requests",
+            "Requests admission refused with 503, at the door or once parsed, by model and reason.",
+            labels=["model", "reason"],
+        )
+        load = GaugeMetricFamily(
+            "maskserve_model_load_seconds", "Seconds each model took to load at start-up.", labels=["model"]
+        )
+        for lane in lanes:
+            batcher = lane.batcher
+            depth.add_metric([lane.name], batcher.depth)
+            limit.add_metric([lane.name], batcher.settings.max_queue)
+            wait.add_metric([lane.name], batcher.predicted_wait(ONE_TEXT))
+            dropped.add_metric([lane.name, "expired"], batcher.drops.expired)
+            dropped.add_metric([lane.name, "abandoned"], batcher.drops.abandoned)
+            if lane.admission is not None:
+                counts = lane.admission.refused
+                for reason in sorted(set(REFUSAL_REASONS) | set(counts)):
+                    refused.add_metric([lane.name, reason], counts[reason])
+            if lane.load_seconds is not None:
+                load.add_metric([lane.name], lane.load_seconds)
+        # One thread for every model: its pass in flight is the server's.
+        yield GaugeMetricFamily(
+            "maskserve_inference_in_flight_seconds",
+            "How long the forward pass in flight (any model's) has been running; 0 when idle (/livez "
+            "compares it with the stall budget).",
+            value=lanes[0].batcher.busy_for,
+        )
+        for family in (depth, limit, wait, dropped, refused, load):
+            if family.samples:
+                yield family
 
 
 class _ConnectionState(Collector):

@@ -7,9 +7,9 @@
     GET  /v2/models/{model}[/versions/{version}]/ready   as /v2/health/ready, for the one model served
     POST /v2/models/{model}[/versions/{version}]/infer   fill-mask through the same parser, admission and batcher
 
-``{model}`` is ``--model-name`` and ``{version}`` is ``1``, the one version served (model metadata
-lists it); any other name or version is a 404 in maskserve's error shape, whose ``error`` string
-is what the protocol's clients read. Every model route answers with and without the version
+``{model}`` is any served model's name and ``{version}`` is ``1``, the one version served (model
+metadata lists it); any other name or version is a 404 in maskserve's error shape, whose ``error``
+string is what the protocol's clients read. Every model route answers with and without the version
 segment, as the specification lists them and as clients that pass a version (``tritonclient``'s
 ``model_version``, KServe's) call them. The tensors' form is in oip_schemas.py.
 """
@@ -22,11 +22,12 @@ from aiohttp import web
 
 from . import __version__
 from .errors import NotFound
-from .handling import read_body, text_answers, timing_headers
+from .handling import read_body, served_model, text_answers, timing_headers
 from .health import live, probe_response, ready
 from .keys import service_of, state_of
 from .model_api import describe_model
 from .oip_schemas import DATATYPE, HEADER_LENGTH, INPUT_NAME, OUTPUT_NAME, infer_response
+from .service import ServedModel
 
 # The protocol says a failed health check is a 4xx; Triton answers 400, and so does maskserve.
 NOT_HEALTHY = 400
@@ -38,16 +39,14 @@ PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "openvino": "openvino"}
 MODEL_VERSION = "1"
 
 
-def _served_model(request: web.Request) -> tuple[str, str | None]:
-    """The model (and version, when the path names one) the path asks for, when it is the one served;
-    a 404 naming what is served otherwise."""
-    name = service_of(request.app).settings.model_name
-    if request.match_info["model"] != name:
-        raise NotFound(f"no model named {request.match_info['model']!r} here; this server serves {name!r}")
+def _served_model(request: web.Request) -> tuple[ServedModel, str | None]:
+    """The served model (and version, when the path names one) the path asks for; a 404 naming what
+    is served otherwise."""
+    served = served_model(request)
     version = request.match_info.get("version")
     if version is not None and version != MODEL_VERSION:
-        raise NotFound(f"no version {version!r} of model {name!r} here; it serves version {MODEL_VERSION!r}")
-    return name, version
+        raise NotFound(f"no version {version!r} of model {served.name!r} here; it serves version {MODEL_VERSION!r}")
+    return served, version
 
 
 async def server_metadata(request: web.Request) -> web.Response:
@@ -71,9 +70,9 @@ async def model_ready(request: web.Request) -> web.Response:
 
 async def model_metadata(request: web.Request) -> web.Response:
     """``GET /v2/models/{model}``: the model's tensors: texts in, predictions (JSON) out."""
-    name, _ = _served_model(request)
-    loaded = service_of(request.app).loaded
-    model = loaded.model if loaded is not None else None
+    served, _ = _served_model(request)
+    name = served.name
+    model = served.parts.model if served.parts is not None else None
     description = describe_model(model) if model is not None else {}
     backend = str(description.get("backend", "torch"))
     metadata: dict[str, Any] = {
@@ -90,12 +89,12 @@ async def model_metadata(request: web.Request) -> web.Response:
 
 async def infer(request: web.Request) -> web.Response:
     """``POST /v2/models/{model}/infer``: texts in, each text's predictions out, as ``POST /`` would."""
-    name, version = _served_model(request)
+    served, version = _served_model(request)
     service = service_of(request.app)
     with state_of(request).trace.step("maskserve.parse"):
         body = await read_body(request)
-        parsed = service.oip_parser.parse(body, request.headers.get(HEADER_LENGTH))
-        plans = await service.plans(parsed.request)
-    answers = await text_answers(request, plans)
-    payload, headers = infer_response(name, parsed, [a.json for a in answers], version=version)
+        parsed = served.oip_parser.parse(body, request.headers.get(HEADER_LENGTH))
+        plans = await service.plans(parsed.request, served)
+    answers = await text_answers(request, plans, served)
+    payload, headers = infer_response(served.name, parsed, [a.json for a in answers], version=version)
     return web.Response(body=payload, headers={**headers, **timing_headers(answers)})

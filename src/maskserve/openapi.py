@@ -173,7 +173,7 @@ MODEL_PARAMETER = {
     "name": "model",
     "in": "path",
     "required": True,
-    "description": "The model's name, --model-name; any other is a 404.",
+    "description": "A served model's name (--model NAME=..., or --model-name for a lone model); any other is a 404.",
     "schema": {"type": "string"},
 }
 VERSION_PARAMETER: Schema = {
@@ -318,6 +318,29 @@ def _demo(settings: Settings) -> Schema:
     }
 
 
+NAME_PARAMETER: Schema = {
+    "name": "name",
+    "in": "path",
+    "required": True,
+    "description": "A served model's name (GET /info lists them, each with its own limits); any other is a 404.",
+    "schema": {"type": "string"},
+}
+
+
+def _for_model(operation: Schema, what: str) -> Schema:
+    """``operation`` (which serves the default model) for the model its path names."""
+    return {
+        **operation,
+        "summary": f"{operation['summary']}, with the model named in the path",
+        "description": f"As {what}, for any served model; the limits are that model's own. {operation['description']}",
+        "parameters": [NAME_PARAMETER, *operation["parameters"]],
+        "responses": {
+            **operation["responses"],
+            "404": error("No model of that name is served; the message names the served ones."),
+        },
+    }
+
+
 def _demo_score(settings: Settings) -> Schema:
     form = {
         "type": "object",
@@ -370,7 +393,9 @@ def _operations(settings: Settings, mask_token: str) -> dict[str, Schema]:
     not_found = {"404": error("No such path.")}
     return {
         "fill_mask": _fill_mask(settings, mask_token),
+        "fill_mask_model": _for_model(_fill_mask(settings, mask_token), "`POST /`"),
         "score": _score(settings),
+        "score_model": _for_model(_score(settings), "`POST /score`"),
         "index": {
             "summary": "The demo page; ?text= and ?top_k= fill in the form without running the model",
             "tags": ["demo"],

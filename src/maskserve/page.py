@@ -32,16 +32,18 @@ from .errors import (
     InvalidInput,
     MaskserveError,
     NoMaskToken,
+    NotFound,
     ServiceUnavailable,
     ShuttingDown,
     TextTooLong,
 )
-from .handling import admit_at_door, note_error, read_form, text_answers, timing_headers
+from .handling import admit_at_door, note_error, read_form, served_model, text_answers, timing_headers
 from .keys import service_of, state_of
 from .model_api import Prediction, describe_model
 from .schemas import FillMaskRequest
 from .score_schemas import DEFAULT_METRIC
 from .scoring import Metric
+from .service import ServedModel
 from .settings import Settings
 from .work_queue import Answer
 
@@ -264,6 +266,8 @@ def page_error(error: MaskserveError) -> PageError:
         return PageError("Check the number of guesses", message, "top_k")
     if isinstance(error, InvalidInput):
         return PageError("Check the sentence", message)
+    if isinstance(error, NotFound):  # a model name no model is served under (the picker's field)
+        return PageError("No such model", message, "")
     if error.status < 500:
         return PageError("The request was not understood", message, "")
     return PageError("Something went wrong", "The server could not answer this sentence. Try again.", "")
@@ -291,13 +295,22 @@ def render(
     status: int = 200,
     headers: Mapping[str, str] | None = None,
     scoring: ScoreForm | None = None,
+    served: ServedModel | None = None,
 ) -> web.Response:
-    """The page; ``scoring`` is the scoring form's state (score_page.py), empty when None."""
+    """The page for ``served`` (the default model when None); ``scoring`` is the scoring form's
+    state (score_page.py), empty when None."""
     service = service_of(request.app)
-    model, settings = service.model, service.settings
+    served = served or service.default
+    model, settings = served.loaded.model, served.settings
+    # With several models, the page's links and forms carry the chosen one (the picker sets it).
+    several = len(service.models) > 1
+    chosen = {"model": served.name} if several else {}
     examples = [example.format(mask=model.mask_token) for example in EXAMPLES]
     description = describe_model(model)
     context = {
+        # The model picker: every served model's name, when there are several.
+        "models": list(service.models) if several else [],
+        "chosen_model": served.name,
         "model_name": display_name(model.name),
         "model_architecture": str(description.get("architecture", "")),
         # "cpu · float32": where and how the guesses are computed, when the model says so.
@@ -307,7 +320,7 @@ def render(
         "max_top_k": settings.max_top_k,
         "text": text,
         "top_k": top_k or str(settings.default_top_k),
-        "examples": [(example, "/?" + urlencode({"text": example})) for example in examples],
+        "examples": [(example, "/?" + urlencode({**chosen, "text": example})) for example in examples],
         "result": result,
         "error": error,
         "scoring": scoring or ScoreForm(),
@@ -327,9 +340,32 @@ def render(
 # -- handlers -----------------------------------------------------------------------------------
 
 
+async def form_fields(request: web.Request, *names: str) -> tuple[str, ...]:
+    """A page form's fields by name, each a string ("" when absent or not text), read within
+    ``--body-timeout``; a form that cannot be read is a 400."""
+    try:
+        form = await read_form(request)
+    except ValueError:  # UnicodeDecodeError included: a form that is not UTF-8, a broken multipart
+        raise InvalidBody("the form cannot be read: send it as UTF-8 application/x-www-form-urlencoded") from None
+    return tuple(value if isinstance(value := form.get(name, ""), str) else "" for name in names)
+
+
+def page_model(request: web.Request, name: object) -> ServedModel:
+    """The model a page's query or form names (a ``model`` field; the default when absent or empty);
+    a 404 naming the served ones otherwise."""
+    return served_model(request, name if isinstance(name, str) and name else None)
+
+
 async def index(request: web.Request) -> web.Response:
-    """``GET /``: the page; ``?text=`` and ``?top_k=`` fill in the form without running it."""
-    return render(request, text=request.query.get("text", ""), top_k=request.query.get("top_k", ""))
+    """``GET /``: the page; ``?text=`` and ``?top_k=`` fill in the form without running it, and
+    ``?model=`` picks the model (the picker's own form sends it)."""
+    text, top_k = request.query.get("text", ""), request.query.get("top_k", "")
+    try:
+        served = page_model(request, request.query.get("model"))
+    except MaskserveError as exc:
+        note_error(request, exc)
+        return render(request, text=text, top_k=top_k, error=page_error(exc), status=exc.status)
+    return render(request, text=text, top_k=top_k, served=served)
 
 
 async def demo_redirect(request: web.Request) -> web.Response:
@@ -341,29 +377,32 @@ async def demo(request: web.Request) -> web.Response:
     """``POST /demo``: the form's answer, through the API's admission, parser, queue and deadline."""
     # The form is read before the deadline and admission, unlike the API: a refusal must still
     # show the typed text in the box, and a form is at most --max-body-bytes.
-    try:
-        form = await read_form(request)
-    except ValueError:  # UnicodeDecodeError included: a form that is not UTF-8, a broken multipart
-        raise InvalidBody("the form cannot be read: send it as UTF-8 application/x-www-form-urlencoded") from None
-    text, top_k = form.get("text", ""), form.get("top_k", "")
-    text = text if isinstance(text, str) else ""
-    top_k = top_k if isinstance(top_k, str) else ""
+    text, top_k, model = await form_fields(request, "text", "top_k", "model")
     service = service_of(request.app)
+    served: ServedModel | None = None
     try:
+        served = page_model(request, model)
         # The same admission as the API's circuit-breaking stage, then its parser, queue and deadline.
-        admit_at_door(request)
+        admit_at_door(request, served)
         with state_of(request).trace.step("maskserve.parse"):
-            top_k_value = parse_top_k(top_k, service.settings)
+            top_k_value = parse_top_k(top_k, served.settings)
             parsed = FillMaskRequest(texts=(text,), batched=False, top_k=top_k_value, targets=None)
-            plans = await service.plans(parsed)
-        answers = await text_answers(request, plans)
+            plans = await service.plans(parsed, served)
+        answers = await text_answers(request, plans, served)
     except MaskserveError as exc:
         # The error stage's bookkeeping, but the page shows the error in plain words.
         note_error(request, exc)
         headers = {**exc.headers(), "Cache-Control": "no-store"}
-        return render(request, text=text, top_k=top_k, error=page_error(exc), status=exc.status, headers=headers)
-    model = service.model
-    result = build_result(text, model.mask_token, answers[0])
+        return render(
+            request,
+            text=text,
+            top_k=top_k,
+            error=page_error(exc),
+            status=exc.status,
+            headers=headers,
+            served=served,
+        )
+    result = build_result(text, served.loaded.model.mask_token, answers[0])
     # The answered page holds the typed text: no cache may keep it.
     headers = {**timing_headers(answers), "Cache-Control": "no-store"}
-    return render(request, text=text, top_k=top_k, result=result, headers=headers)
+    return render(request, text=text, top_k=top_k, result=result, headers=headers, served=served)

@@ -30,6 +30,9 @@ class RequestState:
     # Its trace (the tracing stage's when tracing is on), and the trace id for the access log.
     trace: RequestTrace = NO_TRACE
     trace_id: str | None = None
+    # The served model its route named, once resolved (handling.served_model); "" for routes that
+    # name none and for unknown names, so that the metrics' model label stays the served names.
+    model: str = ""
     # How each of its texts was served, for the queue-wait metric.
     answers: list[Answer] = field(default_factory=list)
     # Why its connection must close once its answer is written (body_timeout), if it must.

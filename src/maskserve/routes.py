@@ -12,7 +12,7 @@ ROUTE_ROLES = RouteRoles(
     # Routes that queue work for the model: the circuit-breaking stage may refuse these at the door,
     # and only these. Health, metrics, info and the demo page's GET are never shed; the page's forms
     # (POST /demo, POST /demo/score) ask the same admission themselves, to show a refusal inline.
-    inference=frozenset({"fill_mask", "score", "oip_infer", "oip_infer_version"}),
+    inference=frozenset({"fill_mask", "fill_mask_model", "score", "score_model", "oip_infer", "oip_infer_version"}),
     # The page's forms queue work too; the alert rules and the dashboard count them with the above.
     forms=frozenset({"demo", "demo_score"}),
     # Open without an API key: probes (they cannot be expected to hold secrets) and the demo
@@ -40,6 +40,10 @@ def route_table() -> list[web.AbstractRouteDef]:
         web.post("/", views.fill_mask, name="fill_mask"),
         # Pseudo-log-likelihood: each text's masked copies go through the same admission and batcher.
         web.post("/score", views.score, name="score"),
+        # The same for any served model by name ({name}: --model's NAME); / and /score serve the
+        # first. POST /models/{name} is where the Inference API's clients post (its base URL).
+        web.post("/models/{name}", views.fill_mask, name="fill_mask_model"),
+        web.post("/models/{name}/score", views.score, name="score_model"),
         # The demo page. The form posts to /demo, never to /: POST / reads any non-JSON body as
         # raw text, so a urlencoded form there would be filled in, not decoded (see page.py).
         # POST /demo asks admission itself, to show a refusal inline.
@@ -58,7 +62,7 @@ def route_table() -> list[web.AbstractRouteDef]:
         # The OpenAPI 3.1 document of this table, with the limits this server enforces.
         web.get("/openapi.json", openapi.openapi, name="openapi"),
         # The Open Inference Protocol (KServe v2, Triton, MLServer): the same model, admission,
-        # batcher and errors; {model} is --model-name.
+        # batcher and errors; {model} is any served model's name.
         # Each model route with and without the version segment, as the protocol lists them.
         web.get("/v2", oip.server_metadata, name="oip_server_metadata"),
         web.get("/v2/", oip.server_metadata, name="oip_server_metadata_slash"),

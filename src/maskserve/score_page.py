@@ -13,12 +13,24 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from .errors import InvalidBody, InvalidInput, MaskserveError
-from .handling import admit_at_door, answer, note_error, read_form, timing_headers
+from .errors import InvalidInput, MaskserveError
+from .handling import admit_at_door, answer, note_error, timing_headers
 from .keys import service_of, state_of
-from .page import PageError, ScoreForm, ScoreResult, SentenceScore, TokenBar, milliseconds, page_error, render
+from .page import (
+    PageError,
+    ScoreForm,
+    ScoreResult,
+    SentenceScore,
+    TokenBar,
+    form_fields,
+    milliseconds,
+    page_error,
+    page_model,
+    render,
+)
 from .score_schemas import DEFAULT_METRIC, ScoreRequest
 from .scoring import METRICS, TextScore, text_scores
+from .service import ServedModel
 from .settings import Settings
 from .work_queue import Answer
 
@@ -95,27 +107,24 @@ def form_error(error: MaskserveError) -> PageError:
 async def demo_score(request: web.Request) -> web.Response:
     """``POST /demo/score``: the scores, through ``POST /score``'s admission, checks, queue and deadline."""
     # Read before admission, as the fill-mask form is: a refusal must still show the typed text.
-    try:
-        form = await read_form(request)
-    except ValueError:  # UnicodeDecodeError included: a form that is not UTF-8, a broken multipart
-        raise InvalidBody("the form cannot be read: send it as UTF-8 application/x-www-form-urlencoded") from None
-    sentences, metric = form.get("sentences", ""), form.get("metric", "")
-    sentences = sentences if isinstance(sentences, str) else ""
-    metric = (metric if isinstance(metric, str) else "") or DEFAULT_METRIC
+    sentences, metric, model = await form_fields(request, "sentences", "metric", "model")
+    metric = metric or DEFAULT_METRIC
     service = service_of(request.app)
+    served: ServedModel | None = None
     try:
-        admit_at_door(request)
+        served = page_model(request, model)
+        admit_at_door(request, served)
         with state_of(request).trace.step("maskserve.parse"):
-            parsed = parse_form(sentences, metric, service.settings)
-            per_text = await service.score_copies(parsed, SENTENCE)
-        answers = await answer(request, [copy for copies in per_text for copy in copies])
+            parsed = parse_form(sentences, metric, served.settings)
+            per_text = await service.score_copies(parsed, served, SENTENCE)
+        answers = await answer(request, [copy for copies in per_text for copy in copies], served)
     except MaskserveError as exc:
         note_error(request, exc)
         headers = {**exc.headers(), "Cache-Control": "no-store"}
         scoring = ScoreForm(sentences, metric, error=form_error(exc))
-        return render(request, text="", top_k="", scoring=scoring, status=exc.status, headers=headers)
+        return render(request, text="", top_k="", scoring=scoring, status=exc.status, headers=headers, served=served)
     scores = text_scores(per_text, [a.predictions for a in answers])
     scoring = ScoreForm(sentences, metric, result=score_result(parsed.texts, scores, answers))
     # The answered page holds the typed sentences: no cache may keep it.
     headers = {**timing_headers(answers), "Cache-Control": "no-store"}
-    return render(request, text="", top_k="", scoring=scoring, headers=headers)
+    return render(request, text="", top_k="", scoring=scoring, headers=headers, served=served)

@@ -17,6 +17,9 @@ from typing import Literal, TypedDict
 from .model_api import Query, TextPredictions, Words
 
 Metric = Literal["original", "within_word_l2r"]
+# The score of a token whose probability underflowed to zero, and the least a text's score can be:
+# -inf in arithmetic, written as the most negative float so that the JSON stays valid.
+LOWEST_SCORE = -1.7976931348623157e308
 METRICS: tuple[Metric, ...] = ("original", "within_word_l2r")
 
 
@@ -89,9 +92,18 @@ def text_score(copies: Sequence[Query], answers: Sequence[TextPredictions]) -> T
         prediction = answer[0][0]
         if copy.target_ids is None or prediction["token"] != copy.target_ids[0]:
             raise RuntimeError("a scoring copy was answered for another token than its own; this is a bug")
-        log_p = math.log(prediction["score"]) if prediction["score"] > 0 else -1.7976931348623157e308
+        log_p = math.log(prediction["score"]) if prediction["score"] > 0 else LOWEST_SCORE
         tokens.append(TokenScore(token=prediction["token"], token_str=prediction["token_str"], score=log_p))
-    return TextScore(score=math.fsum(t["score"] for t in tokens), tokens=tokens)
+    return TextScore(score=total_score([t["score"] for t in tokens]), tokens=tokens)
+
+
+def total_score(scores: Sequence[float]) -> float:
+    """The exact sum of a text's token scores; :data:`LOWEST_SCORE` when it is below any float
+    (two underflowed tokens), which ``math.fsum`` reports by raising."""
+    try:
+        return max(math.fsum(scores), LOWEST_SCORE)
+    except OverflowError:
+        return LOWEST_SCORE
 
 
 def text_scores(per_text: Sequence[Sequence[Query]], answers: Sequence[TextPredictions]) -> list[TextScore]:

@@ -168,7 +168,8 @@ async def serve(
             await site.start()
         signals.install()
         loaded = service_of(app).loaded
-        log.info("serving %s on %s", loaded.model.name if loaded else "", ", ".join(site.name for site in sites))
+        served = ", ".join(loaded.models) if loaded else ""
+        log.info("serving %s on %s", served, ", ".join(site.name for site in sites))
         await signals.stop.wait()
         log.info("closing the listener")
     finally:

@@ -1,8 +1,10 @@
 """The one handle on the request path: everything a handler, a stage or a probe needs, behind one key.
 
-The app factory builds a :class:`FillMaskService` from the settings; once the model is loaded, its
-lifecycle context gives it the :class:`Loaded` parts (model, batcher, admission, the tokenizer's
-thread, the batch loop). A handler reads the request, asks the service for its queries and
+The app factory builds a :class:`FillMaskService` from the settings, with one :class:`ServedModel`
+per model the server serves (the first is the default, which ``POST /`` answers with); once the
+models are loaded, its lifecycle context gives it the :class:`Loaded` parts (each model's engine,
+batcher and admission, the one scheduler, the tokenizer's thread, the batch loop). A handler
+resolves the model its route names, reads the request, asks the service for its queries and
 answers, and shapes the response; it gathers nothing itself. No HTTP here: the handlers, the
 stages and the probes sit above it.
 """
@@ -20,10 +22,13 @@ from .admission import Admission
 from .batcher import Batcher
 from .connections import ConnectionGuard
 from .costs import Work
+from .errors import NotFound
 from .lifecycle import Lifecycle
 from .metrics import Metrics, Peers
 from .model_api import FillMaskModel, Query, text_answer_json
+from .models_config import ModelConfig, model_configs
 from .oip_schemas import InferRequestParser
+from .scheduler import Scheduler
 from .schemas import FillMaskRequest, RequestParser
 from .score_schemas import ScoreRequest, ScoreRequestParser
 from .settings import Settings
@@ -63,16 +68,63 @@ class RouteRoles:
 
 
 @dataclass(frozen=True)
-class Loaded:
-    """What exists once the model is loaded, for as long as the app runs."""
+class ModelParts:
+    """One model once loaded: its engine, its own queue and batches, its own admission."""
 
     model: FillMaskModel
     batcher: Batcher
     admission: Admission
-    # One thread that tokenizes long texts, so that it takes at most one core from the model.
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What exists once every model is loaded, for as long as the app runs."""
+
+    # By name, the default model first.
+    models: dict[str, ModelParts]
+    # The one inference thread's owner, which picks the model whose batch runs next.
+    scheduler: Scheduler
+    # One thread that tokenizes long texts, so that it takes at most one core from the models.
     tokenizer: Executor
     # The batch loop's task, so /livez can tell when it died.
     batch_loop: asyncio.Task[None]
+
+    @property
+    def default(self) -> ModelParts:
+        return next(iter(self.models.values()))
+
+    @property
+    def model(self) -> FillMaskModel:
+        """The default model's engine."""
+        return self.default.model
+
+    @property
+    def batcher(self) -> Batcher:
+        """The default model's batcher."""
+        return self.default.batcher
+
+
+class ServedModel:
+    """One model the server serves: the name clients use, its settings and the parsers bound to its
+    limits, known before it loads; its :class:`ModelParts` once loaded."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.name = config.name
+        self.source = config.source
+        self.settings = config.settings
+        self.parser = RequestParser(config.settings)
+        # The Open Inference Protocol's infer request parser, with the same limits.
+        self.oip_parser = InferRequestParser(config.settings)
+        # POST /score's parser: texts into masked copies, with the same limits and its own.
+        self.score_parser = ScoreRequestParser(config.settings)
+        self.parts: ModelParts | None = None
+
+    @property
+    def loaded(self) -> ModelParts:
+        if self.parts is None:
+            # Handlers run only once the app has started, and it starts by loading every model.
+            raise RuntimeError(f"model {self.name!r} is not loaded yet; this is a bug")
+        return self.parts
 
 
 class FillMaskService:
@@ -85,11 +137,8 @@ class FillMaskService:
         # Serving or draining: set by the runner on a stop signal, read by /readyz and every response.
         self.lifecycle = Lifecycle()
         self.metrics = Metrics()
-        self.parser = RequestParser(settings)
-        # The Open Inference Protocol's infer request parser, with the same limits.
-        self.oip_parser = InferRequestParser(settings)
-        # POST /score's parser: texts into masked copies, with the same limits and its own.
-        self.score_parser = ScoreRequestParser(settings)
+        # Every model served, by the name clients use; the first is the default.
+        self.models: dict[str, ServedModel] = {config.name: ServedModel(config) for config in model_configs(settings)}
         # Set by the route table (routes.py).
         self.routes = RouteRoles()
         # With --workers: the other worker processes, so that /metrics reports the whole server.
@@ -102,63 +151,105 @@ class FillMaskService:
 
     def _parts(self) -> Loaded:
         if self.loaded is None:
-            # Handlers run only once the app has started, and it starts by loading the model.
-            raise RuntimeError("the model is not loaded yet; this is a bug")
+            # Handlers run only once the app has started, and it starts by loading the models.
+            raise RuntimeError("the models are not loaded yet; this is a bug")
         return self.loaded
 
     @property
+    def default(self) -> ServedModel:
+        """The default model: the first named, which ``POST /`` and ``POST /score`` serve."""
+        return next(iter(self.models.values()))
+
+    def served(self, name: str | None = None) -> ServedModel:
+        """The model named ``name`` (the default for None); a 404 naming every served model otherwise."""
+        if name is None:
+            return self.default
+        served = self.models.get(name)
+        if served is None:
+            names = ", ".join(repr(known) for known in self.models)
+            raise NotFound(f"no model named {name!r} here; this server serves {names}")
+        return served
+
+    # The default model's parts, for callers that serve it alone.
+
+    @property
+    def parser(self) -> RequestParser:
+        return self.default.parser
+
+    @property
+    def oip_parser(self) -> InferRequestParser:
+        return self.default.oip_parser
+
+    @property
+    def score_parser(self) -> ScoreRequestParser:
+        return self.default.score_parser
+
+    @property
     def model(self) -> FillMaskModel:
-        return self._parts().model
+        return self.default.loaded.model
 
     @property
     def batcher(self) -> Batcher:
-        return self._parts().batcher
+        return self.default.loaded.batcher
 
     @property
     def admission(self) -> Admission:
-        return self._parts().admission
+        return self.default.loaded.admission
 
-    def at_door(self, deadline: float) -> None:
+    @property
+    def scheduler(self) -> Scheduler:
+        return self._parts().scheduler
+
+    def at_door(self, deadline: float, served: ServedModel | None = None) -> None:
         """Admission at the door, before the body is read: every route that queues work asks this."""
-        self.admission.at_door(deadline - asyncio.get_running_loop().time())
+        (served or self.default).loaded.admission.at_door(deadline - asyncio.get_running_loop().time())
 
-    async def plans(self, parsed: FillMaskRequest) -> list[TextPlan]:
-        """Tokenize and check a parsed request's texts and targets (a 4xx names the first
-        problem), off the event loop unless they are short."""
-        parts = self._parts()
+    async def plans(self, parsed: FillMaskRequest, served: ServedModel | None = None) -> list[TextPlan]:
+        """Tokenize and check a parsed request's texts and targets for ``served`` (the default
+        model) (a 4xx names the first problem), off the event loop unless they are short."""
+        served = served or self.default
+        model = served.loaded.model
         chars = sum(len(text) for text in (*parsed.texts, *(parsed.targets or ())))
         if chars <= INLINE_TOKENIZE_CHARS:
-            return self.parser.plans(parsed, parts.model)
+            return served.parser.plans(parsed, model)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(parts.tokenizer, self.parser.plans, parsed, parts.model)
+        return await loop.run_in_executor(self._parts().tokenizer, served.parser.plans, parsed, model)
 
-    async def text_answers(self, plans: Sequence[TextPlan], answers: Sequence[Answer]) -> list[Answer]:
+    async def text_answers(
+        self, plans: Sequence[TextPlan], answers: Sequence[Answer], served: ServedModel | None = None
+    ) -> list[Answer]:
         """One answer per text from the answers to its plan's queries, in order: its own, or its
         own and its whole words combined (decoded off the event loop unless they are few)."""
         if not any(plan.has_words for plan in plans):
             return list(answers)
-        model = self._parts().model
+        model = (served or self.default).loaded.model
         decoded = sum(plan.word_predictions * plan.query.n_tokens for plan in plans)
         if decoded <= INLINE_DECODE_TOKENS:
             return combined_answers(plans, answers, model.fill_word)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._parts().tokenizer, combined_answers, plans, answers, model.fill_word)
 
-    async def score_copies(self, parsed: ScoreRequest, element: str = "inputs[{index}]") -> list[list[Query]]:
-        """Tokenize a parsed ``/score`` request's texts into their masked copies (a 4xx names the
-        first problem, a text of several by ``element``), off the event loop unless they are short:
-        a text's copies grow with the square of its length."""
-        parts = self._parts()
+    async def score_copies(
+        self, parsed: ScoreRequest, served: ServedModel | None = None, element: str = "inputs[{index}]"
+    ) -> list[list[Query]]:
+        """Tokenize a parsed ``/score`` request's texts into ``served``'s (the default model's) masked
+        copies (a 4xx names the first problem, a text of several by ``element``), off the event loop
+        unless they are short: a text's copies grow with the square of its length."""
+        served = served or self.default
+        model = served.loaded.model
         if sum(len(text) for text in parsed.texts) <= INLINE_TOKENIZE_CHARS:
-            return self.score_parser.copies(parsed, parts.model, element)
+            return served.score_parser.copies(parsed, model, element)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(parts.tokenizer, self.score_parser.copies, parsed, parts.model, element)
+        return await loop.run_in_executor(self._parts().tokenizer, served.score_parser.copies, parsed, model, element)
 
-    async def answer(self, queries: Sequence[Query], deadline: float, trace: RequestTrace) -> list[Answer]:
+    async def answer(
+        self, queries: Sequence[Query], deadline: float, trace: RequestTrace, served: ServedModel | None = None
+    ) -> list[Answer]:
         """Admit a request on its whole cost, queue its texts and wait for their answers, traced."""
-        parts = self._parts()
+        served = served or self.default
+        parts = served.loaded
         time_left = deadline - asyncio.get_running_loop().time()
-        parts.admission.admit(Work.of(queries), time_left, self.settings.request_timeout)
+        parts.admission.admit(Work.of(queries), time_left, served.settings.request_timeout)
         queued_ns = time.time_ns()
         answers = await parts.batcher.answer(queries, deadline, trace.link)
         trace.served(answers, queued_ns)

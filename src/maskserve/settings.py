@@ -28,6 +28,11 @@ class SettingsError(ValueError):
     """A setting has a value that cannot be used; the message names the flag and the value."""
 
 
+class NamedSettingsError(SettingsError):
+    """Raised by a start-up check whose message already names what is at fault (a flag, a file,
+    a model): :func:`load_settings` passes it on without a prefix."""
+
+
 def available_cpus() -> int:
     """The CPUs this process may really use: affinity mask, then the cgroup v2/v1 quota.
 
@@ -128,6 +133,14 @@ def _model_name(text: str) -> str:
     return text
 
 
+def _model_sources(text: str) -> tuple[str, ...]:
+    """One or more ``[NAME=]SOURCE``, comma-separated (a flag given several times adds each)."""
+    sources = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not sources:
+        raise ValueError("names no model")
+    return sources
+
+
 def _optional_str(text: str) -> str | None:
     return text or None
 
@@ -179,16 +192,28 @@ class Settings:
 
     host: str = _setting("127.0.0.1", str, "Address to bind. Use 0.0.0.0 to serve other machines.")
     port: int = _setting(8000, _port, "TCP port to listen on.")
-    model: str | None = _setting(
+    model: tuple[str, ...] = _setting(
+        (),
+        _model_sources,
+        "A model to serve: a local directory or hub id, as NAME=SOURCE to name it. Repeat it to serve "
+        "several models from one server, one inference thread shared fairly between them; the first "
+        "is the default model (POST /). A bare SOURCE is named by its folder or hub name (with one "
+        "model, by --model-name). Default: the small BERT shipped in maskserve[demo]. The variable "
+        "takes several, comma-separated.",
+        flag_kind="append",
+    )
+    models_file: str | None = _setting(
         None,
         _optional_str,
-        "Local model directory or hub id. Default: the small BERT shipped in maskserve[demo].",
+        "A YAML file of models to serve, each with its own name, source, backend, precision and "
+        "limits (docs: Several models); served after the --model ones. For fleets that configure "
+        "by a ConfigMap.",
     )
     model_name: str = _setting(
         "maskserve",
         _model_name,
-        "The name clients use for the model: in the Open Inference Protocol's /v2/models/NAME routes, "
-        "in /info and in the metrics.",
+        "The name clients use for the one model served: in the /models/NAME and Open Inference Protocol "
+        "/v2/models/NAME routes, in /info and in the metrics. Several models are named by --model.",
     )
     device: str = _setting("cpu", _choice("cpu", "cuda", "auto"), "cpu, cuda, or auto (cuda when present).")
     dtype: str = _setting(
@@ -487,6 +512,7 @@ def _parse(f: dataclasses.Field[Any], raw: str, origin: str) -> Any:
 GROUPS: dict[str, tuple[str, ...]] = {
     "model and backend": (
         "model",
+        "models_file",
         "model_name",
         "backend",
         "device",
@@ -544,6 +570,10 @@ def _add_flags(group: argparse._ArgumentGroup, f: dataclasses.Field[Any]) -> Non
     if f.metadata.get("flag_kind") == "bool":
         group.add_argument(
             _flag_name(f.name), dest=f.name, default=None, action=argparse.BooleanOptionalAction, help=help_text
+        )
+    elif f.metadata.get("flag_kind") == "append":
+        group.add_argument(
+            _flag_name(f.name), dest=f.name, default=None, action="append", metavar="VALUE", help=help_text
         )
     else:
         group.add_argument(_flag_name(f.name), dest=f.name, default=None, metavar="VALUE", help=help_text)
@@ -624,6 +654,9 @@ def load_settings(
                 given, flag = getattr(args, f"{f.name}:{alias}"), _flag_name(alias)
         if isinstance(given, bool):
             values[f.name], origins[f.name] = given, _flag_name(f.name)
+        elif isinstance(given, list):  # a repeatable flag: each occurrence parsed on its own
+            values[f.name] = tuple(item for raw in given for item in _parse(f, raw, flag))
+            origins[f.name] = flag
         elif given is not None:
             values[f.name], origins[f.name] = _parse(f, given, flag), flag
         else:
@@ -641,6 +674,8 @@ def load_settings(
     for name, check in (checks or {}).items():
         try:
             check(settings)
+        except NamedSettingsError:
+            raise
         except ValueError as exc:
             raise SettingsError(f"{origins.get(name, _env_name(name))}: {exc}") from None
     return settings

@@ -88,21 +88,21 @@ class Tracing:
     def __init__(self, provider: TracerProvider) -> None:
         self.provider = provider
         self.tracer = provider.get_tracer("maskserve", __version__)
-        self._batch_attributes: dict[str, str] = {}
 
-    def observe(self, model: FillMaskModel) -> Callable[[BatchReport], None]:
-        """The batcher listener for ``model``'s forward passes."""
+    def observe(self, model: FillMaskModel, name: str | None = None) -> Callable[[BatchReport], None]:
+        """The batcher listener for ``model``'s forward passes; ``name`` is the one clients use."""
         description = describe_model(model)
-        self._batch_attributes = {
-            "maskserve.model": model.name,
+        attributes = {
+            "maskserve.model": name or model.name,
+            "maskserve.model.source": str(description.get("source", model.name)),
             "maskserve.device": str(description.get("device", "unknown")),
         }
-        return self.observe_batch
+        return lambda report: self.observe_batch(report, attributes)
 
     def request_trace(self, span: trace.Span) -> OtelRequestTrace:
         return OtelRequestTrace(self.tracer, span)
 
-    def observe_batch(self, report: BatchReport) -> None:
+    def observe_batch(self, report: BatchReport, attributes: dict[str, str]) -> None:
         """Batcher listener: one ``maskserve.batch`` span per forward pass, linked to its requests."""
         links = [trace.Link(ctx) for ctx in report.contexts if isinstance(ctx, trace.SpanContext)]
         span = self.tracer.start_span(
@@ -112,7 +112,7 @@ class Tracing:
             links=links,
             start_time=report.started_ns,
             attributes={
-                **self._batch_attributes,
+                **attributes,
                 "maskserve.batch.number": report.number,
                 "maskserve.batch.size": report.size,
                 "maskserve.batch.requests": len(links),

@@ -1,5 +1,5 @@
-"""The API's handlers, `POST /`, `POST /score` and `GET /metrics`: they parse, ask the service and
-shape; never torch."""
+"""The API's handlers, `POST /` and `POST /score` (and their `/models/{name}` forms, for any served
+model) and `GET /metrics`: they parse, ask the service and shape; never torch."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from .errors import ResponseTooLarge
-from .handling import answer, read_body, request_media_type, text_answers, timing_headers
+from .handling import answer, read_body, request_media_type, served_model, text_answers, timing_headers
 from .keys import service_of, state_of
 from .metrics import merge_expositions
 from .schemas import FillMaskRequest, response_body
@@ -31,26 +31,27 @@ def json_answer(limit: int, parsed: FillMaskRequest, answers: Sequence[Answer]) 
 
 
 async def fill_mask(request: web.Request) -> web.Response:
-    """``POST /``: raw text or the Inference API's JSON in, the pipeline's JSON out. The
-    circuit-breaking stage has admitted it at the door; the service admits it again on its cost."""
-    service = service_of(request.app)
+    """``POST /`` (the default model) and ``POST /models/{name}``: raw text or the Inference API's
+    JSON in, the pipeline's JSON out. The circuit-breaking stage has admitted it at the door; the
+    service admits it again on its cost."""
+    service, served = service_of(request.app), served_model(request)
     with state_of(request).trace.step("maskserve.parse"):
         body = await read_body(request)
-        parsed = service.parser.parse(body, request_media_type(request))
-        plans = await service.plans(parsed)
-    answers = await text_answers(request, plans)
-    return json_answer(service.settings.max_response_bytes, parsed, answers)
+        parsed = served.parser.parse(body, request_media_type(request))
+        plans = await service.plans(parsed, served)
+    answers = await text_answers(request, plans, served)
+    return json_answer(served.settings.max_response_bytes, parsed, answers)
 
 
 async def score(request: web.Request) -> web.Response:
-    """``POST /score``: each text's pseudo-log-likelihood. Its masked copies are fill-mask queries,
-    admitted on their whole cost and batched with every other text."""
-    service = service_of(request.app)
+    """``POST /score`` and ``POST /models/{name}/score``: each text's pseudo-log-likelihood. Its masked
+    copies are fill-mask queries, admitted on their whole cost and batched with every other text."""
+    service, served = service_of(request.app), served_model(request)
     with state_of(request).trace.step("maskserve.parse"):
         body = await read_body(request)
-        parsed = service.score_parser.parse(body, request_media_type(request))
-        per_text = await service.score_copies(parsed)
-    answers = await answer(request, [copy for copies in per_text for copy in copies])
+        parsed = served.score_parser.parse(body, request_media_type(request))
+        per_text = await service.score_copies(parsed, served)
+    answers = await answer(request, [copy for copies in per_text for copy in copies], served)
     scores = text_scores(per_text, [a.predictions for a in answers])
     return web.Response(
         body=score_response_body(parsed, scores), content_type="application/json", headers=timing_headers(answers)

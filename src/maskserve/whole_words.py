@@ -75,6 +75,8 @@ def word_copies(input_ids: Sequence[int], mask_token_id: int, position: int, wor
             # One answer is read, whatever the number of masks: that is what the copy costs.
             n_masks=1,
             answer_position=position + i,
+            # Only its probability is read, here: no sequence to decode, no JSON to build.
+            read_by_server=True,
         )
         for i, token in enumerate(word)
     ]

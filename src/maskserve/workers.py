@@ -41,10 +41,11 @@ from gunicorn.arbiter import Arbiter
 from gunicorn.errors import HaltServer
 from gunicorn.workers.base import Worker
 
-from .app import create_app, inference_thread, load_model
+from .app import create_app, inference_thread, load_models
 from .keys import service_of
 from .middleware.auth import parse_api_keys
 from .model_api import FillMaskModel
+from .models_config import model_configs
 from .serve import serve
 from .settings import Settings
 
@@ -92,10 +93,10 @@ class WorkerPeers:
 
 
 class MaskserveWorker(Worker):  # type: ignore[misc]
-    """A gunicorn worker that runs one whole maskserve on its own SO_REUSEPORT socket."""
+    """A gunicorn worker that runs one whole maskserve (every model) on its own SO_REUSEPORT socket."""
 
-    model: FillMaskModel
-    thread: ThreadPoolExecutor  # the inference thread the model was loaded on
+    models: dict[str, FillMaskModel]  # every model the settings name, by name
+    thread: ThreadPoolExecutor  # the inference thread the models were loaded on
     sockets: list[Any]  # gunicorn's listeners; .sock is the socket
 
     def load_wsgi(self) -> None:
@@ -117,8 +118,8 @@ class MaskserveWorker(Worker):  # type: ignore[misc]
         sock.close_sockets(self.sockets, unlink=False)
         self.thread = inference_thread()
         try:
-            # On the thread that will run it (app.inference_thread says why).
-            self.model = self.thread.submit(load_model, settings).result()
+            # On the thread that will run them (app.inference_thread says why): every model.
+            self.models = self.thread.submit(load_models, model_configs(settings)).result()
         except ModelLoadError as exc:
             log.error("cannot start: %s", exc)
             sys.exit(Arbiter.WORKER_BOOT_ERROR)  # one line, no traceback; the arbiter then stops
@@ -136,7 +137,7 @@ class MaskserveWorker(Worker):  # type: ignore[misc]
 
     async def _serve(self) -> None:
         settings: Settings = self.app.settings
-        app = create_app(settings, engine=self.model, thread=self.thread)
+        app = create_app(settings, engines=self.models, thread=self.thread)
         slot: int = self.slot
         service_of(app).peers = WorkerPeers(self.app.run_dir, slot, settings.api_key)
         private = WorkerPeers.socket_path(self.app.run_dir, slot)

@@ -62,10 +62,11 @@ def panel_queries() -> list[PanelQuery]:
     ]
 
 
-def grafana_expr(expr: str, *, namespace: str, pod: str = ".*", rate_interval: str = "1m") -> str:
-    """A panel's query as Grafana sends it: its variables replaced. The pod variable's "All" is
-    the dashboard's allValue; $__rate_interval is what Grafana derives from the scrape interval."""
+def grafana_expr(expr: str, *, namespace: str, pod: str = ".*", rate_interval: str = "1m", model: str = ".*") -> str:
+    """A panel's query as Grafana sends it: its variables replaced. The pod and model variables'
+    "All" is the dashboard's allValue; $__rate_interval is what Grafana derives from the scrape interval."""
     filled = expr.replace("$namespace", namespace).replace("$pod", pod).replace("$__rate_interval", rate_interval)
+    filled = filled.replace("$model", model)
     assert "$" not in filled, f"a variable is left in {filled}"
     return filled
 

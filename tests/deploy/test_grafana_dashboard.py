@@ -59,9 +59,10 @@ def test_the_data_source_is_a_variable_every_panel_uses() -> None:
             assert target["datasource"] == DATASOURCE, panel["title"]
 
 
-def test_namespace_and_pods_are_chosen_from_what_maskserve_exports() -> None:
-    namespace, pod = variables()["namespace"], variables()["pod"]
-    for variable in (namespace, pod):
+def test_namespace_pods_and_models_are_chosen_from_what_maskserve_exports() -> None:
+    namespace, pod, model = variables()["namespace"], variables()["pod"], variables()["model"]
+    assert model["multi"] is True and model["includeAll"] is True and model["allValue"] == ".*"
+    for variable in (namespace, pod, model):
         assert variable["datasource"] == DATASOURCE
         assert 'label_values(maskserve_model_info{job="maskserve"' in str(variable["definition"])
     assert pod["multi"] is True and pod["includeAll"] is True
@@ -101,13 +102,23 @@ def test_it_shows_each_view_operators_need() -> None:
     assert not missing
 
 
-def test_it_has_a_fleet_row_and_a_per_pod_row_whose_queries_split_by_pod() -> None:
+def test_it_has_a_fleet_row_a_per_model_row_and_a_per_pod_row_whose_queries_split_so() -> None:
     rows = {row for row, _ in panels()}
-    assert len(rows) == 2
+    assert len(rows) == 3
     per_pod = [q for q in panel_queries() if q.row == "Per pod"]
     assert per_pod and all(re.search(r"\bby \(pod\b", q.expr) for q in per_pod)
-    fleet = [q for q in panel_queries() if q.row != "Per pod"]
-    assert fleet and not any(re.search(r"\bby \(pod\b", q.expr) for q in fleet)
+    per_model = [q for q in panel_queries() if q.row == "Per model"]
+    assert per_model and all(re.search(r"\bby \(model\b", q.expr) for q in per_model)
+    # The chosen models narrow every per-model query.
+    assert all('model=~"$model"' in q.expr for q in per_model)
+    fleet = [q for q in panel_queries() if q.row not in ("Per pod", "Per model")]
+    assert fleet and not any(re.search(r"\bby \((pod|model)\b", q.expr) for q in fleet)
+
+
+def test_the_busy_ratio_sums_a_threads_models() -> None:
+    # One inference thread serves every model: its busy ratio is their busy seconds summed.
+    busy = [q.expr for q in panel_queries() if q.row != "Per model" and "inference_busy" in q.expr]
+    assert busy and all("sum without (model)" in expr or "sum by (pod)" in expr for expr in busy)
 
 
 def test_panels_have_unique_ids_and_do_not_overlap() -> None:

@@ -81,6 +81,7 @@ async def test_a_traceparent_is_continued_and_the_request_has_parse_queue_and_in
     assert format(http.context.trace_id, "032x") == TRACE_ID  # the caller's trace, continued
     assert format(http.parent.span_id, "016x") == PARENT_ID
     assert http.attributes is not None and http.attributes.get("http.status_code", 200) == 200
+    assert http.attributes["maskserve.model"] == "maskserve"  # the served model the route named
     children = {
         span.name: span for span in spans if span.parent is not None and span.parent.span_id == http.context.span_id
     }
@@ -113,7 +114,8 @@ async def test_one_batch_span_for_a_forward_pass_linked_to_every_request_it_serv
     assert shared.attributes is not None
     assert shared.attributes["maskserve.batch.padded_tokens"] == 3 * 5  # [CLS] tN [MASK] word [SEP], 3 texts
     assert shared.attributes["maskserve.device"] == "unknown"  # the echo model does not say
-    assert shared.attributes["maskserve.model"] == "echo"
+    assert shared.attributes["maskserve.model"] == "maskserve"  # the name clients use (--model-name)
+    assert shared.attributes["maskserve.model.source"] == "echo"  # what was loaded
     http_ids = {span.context.span_id for span in spans if span.kind is SpanKind.SERVER and span.context}
     linked = {link.context.span_id for link in shared.links}
     assert len(http_ids) == 4 and len(linked) == 3 and linked < http_ids  # the three it served

@@ -30,21 +30,32 @@ def kind_label(request: web.Request, status: int) -> str:
 @web.middleware
 async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     metrics = service_of(request.app).metrics
+    state = state_of(request)
     started = time.perf_counter()
+    # state.model: the served model the handler resolved ("" until then, and for unknown names).
     try:
         response = await handler(request)
     except web.HTTPException as exc:  # redirects: the error middleware lets them through
         metrics.observe_request(
-            route_label(request), exc.status, kind_label(request, exc.status), time.perf_counter() - started
+            route_label(request),
+            exc.status,
+            kind_label(request, exc.status),
+            time.perf_counter() - started,
+            state.model,
         )
         raise
     except asyncio.CancelledError:  # the client left and aiohttp cancelled its handler
-        metrics.observe_request(route_label(request), CLIENT_CLOSED, "client_closed", time.perf_counter() - started)
+        metrics.observe_request(
+            route_label(request), CLIENT_CLOSED, "client_closed", time.perf_counter() - started, state.model
+        )
         raise
     metrics.observe_request(
-        route_label(request), response.status, kind_label(request, response.status), time.perf_counter() - started
+        route_label(request),
+        response.status,
+        kind_label(request, response.status),
+        time.perf_counter() - started,
+        state.model,
     )
-    answers = state_of(request).answers
-    if answers:
-        metrics.observe_answers(answers)
+    if state.answers:
+        metrics.observe_answers(state.answers, state.model)
     return response

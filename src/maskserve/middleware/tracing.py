@@ -73,6 +73,8 @@ def tracing_middleware(exporters: Sequence[ExporterFactory]) -> Middleware:
             record.trace = state.tracing.request_trace(span)
             record.trace_id = trace_id(span)
             response = await handler(request)
+            if record.model and span.is_recording():  # the served model the route named
+                span.set_attribute("maskserve.model", record.model)
             error = record.error
             if error is not None and span.is_recording():
                 span.set_attribute("error.type", error.kind)
@@ -108,6 +110,7 @@ def _tracing_context(
 
 
 async def _observe_batches(app: web.Application) -> None:
-    # on_startup runs after every cleanup context has started, so the batcher exists by now.
-    batcher = service_of(app).batcher
-    batcher.listeners.append(app[TRACING_KEY].tracing.observe(batcher.model))
+    # on_startup runs after every cleanup context has started, so the batchers exist by now.
+    for served in service_of(app).models.values():
+        batcher = served.loaded.batcher
+        batcher.listeners.append(app[TRACING_KEY].tracing.observe(batcher.model, served.name))
