@@ -40,6 +40,11 @@ def test_several_models_are_named_by_name_or_by_folder_and_hub_name_in_order() -
     ]
 
 
+def test_an_empty_model_serves_the_default_model_as_before() -> None:
+    assert configs(env={"MASKSERVE_MODEL": ""}) == [("maskserve", None)]
+    assert configs("--model", "") == [("maskserve", None)]
+
+
 def test_the_variable_takes_several_models_comma_separated() -> None:
     assert configs(env={"MASKSERVE_MODEL": "en=/m/bert, fr=/m/camembert"}) == [
         ("en", "/m/bert"),

@@ -134,11 +134,9 @@ def _model_name(text: str) -> str:
 
 
 def _model_sources(text: str) -> tuple[str, ...]:
-    """One or more ``[NAME=]SOURCE``, comma-separated (a flag given several times adds each)."""
-    sources = tuple(part.strip() for part in text.split(",") if part.strip())
-    if not sources:
-        raise ValueError("names no model")
-    return sources
+    """``[NAME=]SOURCE``s, comma-separated (a flag given several times adds each); empty: none, so
+    the default model, as an empty ``MASKSERVE_MODEL`` has always meant."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 def _optional_str(text: str) -> str | None:
