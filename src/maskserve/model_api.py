@@ -108,6 +108,17 @@ def unwrap(predictions: TextPredictions) -> list[Prediction] | TextPredictions:
     return predictions[0] if len(predictions) == 1 else predictions
 
 
+def copy_prediction(copy: Query, answer: TextPredictions, kind: str) -> Prediction:
+    """The one prediction a copy (a scoring or whole-word copy: one read mask, its one target) was
+    answered with; anything else is a bug in how the copy was built or answered."""
+    if len(answer) != 1 or len(answer[0]) != 1:
+        raise RuntimeError(f"a {kind} copy was answered {len(answer)} masks, not one; this is a bug")
+    prediction = answer[0][0]
+    if copy.target_ids is None or prediction["token"] != copy.target_ids[0]:
+        raise RuntimeError(f"a {kind} copy was answered for another token than its own; this is a bug")
+    return prediction
+
+
 def text_answer_json(predictions: TextPredictions) -> bytes:
     """One text's answer (:func:`unwrap`) as JSON."""
     return json.dumps(unwrap(predictions)).encode()

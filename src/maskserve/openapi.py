@@ -505,6 +505,7 @@ def openapi_document(
 async def openapi(request: web.Request) -> web.Response:
     """``GET /openapi.json``: the document, with this server's limits and its model's mask token."""
     service = service_of(request.app)
-    mask_token = service.loaded.model.mask_token if service.loaded is not None else "[MASK]"
+    default = service.default.parts
+    mask_token = default.model.mask_token if default is not None else "[MASK]"
     served = router_operations(request.app.router)
     return web.json_response(openapi_document(service.settings, service.routes, served, mask_token))

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, TypedDict
 
-from .model_api import Query, TextPredictions, Words
+from .model_api import Query, TextPredictions, Words, copy_prediction
 
 Metric = Literal["original", "within_word_l2r"]
 # The score of a token whose probability underflowed to zero, and the least a text's score can be:
@@ -87,11 +87,7 @@ def text_score(copies: Sequence[Query], answers: Sequence[TextPredictions]) -> T
     """
     tokens: list[TokenScore] = []
     for copy, answer in zip(copies, answers, strict=True):
-        if len(answer) != 1 or len(answer[0]) != 1:
-            raise RuntimeError(f"a scoring copy was answered {len(answer)} masks, not one; this is a bug")
-        prediction = answer[0][0]
-        if copy.target_ids is None or prediction["token"] != copy.target_ids[0]:
-            raise RuntimeError("a scoring copy was answered for another token than its own; this is a bug")
+        prediction = copy_prediction(copy, answer, "scoring")
         log_p = math.log(prediction["score"]) if prediction["score"] > 0 else LOWEST_SCORE
         tokens.append(TokenScore(token=prediction["token"], token_str=prediction["token_str"], score=log_p))
     return TextScore(score=total_score([t["score"] for t in tokens]), tokens=tokens)

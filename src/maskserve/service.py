@@ -89,20 +89,6 @@ class Loaded:
     # The batch loop's task, so /livez can tell when it died.
     batch_loop: asyncio.Task[None]
 
-    @property
-    def default(self) -> ModelParts:
-        return next(iter(self.models.values()))
-
-    @property
-    def model(self) -> FillMaskModel:
-        """The default model's engine."""
-        return self.default.model
-
-    @property
-    def batcher(self) -> Batcher:
-        """The default model's batcher."""
-        return self.default.batcher
-
 
 class ServedModel:
     """One model the server serves: the name clients use, its settings and the parsers bound to its

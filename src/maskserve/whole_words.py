@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from .model_api import Prediction, Query, TextPredictions
+from .model_api import Prediction, Query, TextPredictions, copy_prediction
 
 # "first_token" is the pipeline's own behaviour: a target stands for its first token.
 MultiTokenTargets = Literal["whole_word", "first_token"]
@@ -141,12 +141,7 @@ def word_score(copies: Sequence[Query], answers: Sequence[TextPredictions]) -> f
     """The chain rule's product: each copy's answer is its one token's probability."""
     score = 1.0
     for copy, answer in zip(copies, answers, strict=True):
-        if len(answer) != 1 or len(answer[0]) != 1:
-            raise RuntimeError(f"a whole-word copy was answered {len(answer)} masks, not one; this is a bug")
-        prediction = answer[0][0]
-        if copy.target_ids is None or prediction["token"] != copy.target_ids[0]:
-            raise RuntimeError("a whole-word copy was answered for another token than its own; this is a bug")
-        score *= prediction["score"]
+        score *= copy_prediction(copy, answer, "whole-word")["score"]
     return score
 
 
