@@ -101,7 +101,7 @@ def inference_context(
         service = app[SERVICE_KEY]
         executor = thread or inference_thread()
         loop = asyncio.get_running_loop()
-        configs = [ModelConfig(served.name, served.source, served.settings) for served in service.models.values()]
+        configs = [served.config for served in service.models.values()]
         loaded = dict(engines) if engines is not None else await loop.run_in_executor(executor, load_models, configs)
         scheduler = Scheduler(executor)
         models: dict[str, ModelParts] = {}

@@ -95,8 +95,9 @@ class ServedModel:
     limits, known before it loads; its :class:`ModelParts` once loaded."""
 
     def __init__(self, config: ModelConfig) -> None:
+        # What to load and how, as the settings named it (the app loads every model from these).
+        self.config = config
         self.name = config.name
-        self.source = config.source
         self.settings = config.settings
         self.parser = RequestParser(config.settings)
         # The Open Inference Protocol's infer request parser, with the same limits.
