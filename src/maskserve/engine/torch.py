@@ -25,6 +25,7 @@ from .base import (
     split_mlm_head,
 )
 from .cpu import describe_features, precision_in_effect
+from .last_layer import ReadRowsLastLayer
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +64,14 @@ class TorchFillMaskEngine(FillMaskEngine):
             base, head = self._split_head
             self._split_head = (base, Float32Head(head))
             self.float32_head = True
+        self._last_layer = self._find_read_rows_last_layer()
 
     def _describe_backend(self) -> dict[str, str | int | float]:
         return {
             "torch_threads": self.threads.max_threads,
             "thread_policy": "one thread for small batches" if self.threads.adaptive else "fixed",
             "mask_only_head": ("yes, in float32" if self.float32_head else "yes") if self._split_head else "no",
+            "read_rows_last_layer": "yes" if self._last_layer else "no",
         }
 
     def _mask_logits(
@@ -77,7 +80,9 @@ class TorchFillMaskEngine(FillMaskEngine):
         wanted = self.threads.threads_for(input_ids.size)
         if wanted != torch.get_num_threads():
             torch.set_num_threads(wanted)
-        return self._torch_mask_logits(input_ids, attention_mask, rows, cols, split=self._split_head)
+        return self._torch_mask_logits(
+            input_ids, attention_mask, rows, cols, split=self._split_head, last_layer=self._last_layer
+        )
 
     def _torch_mask_logits(
         self,
@@ -87,10 +92,14 @@ class TorchFillMaskEngine(FillMaskEngine):
         cols: np.ndarray,
         *,
         split: tuple[torch.nn.Module, torch.nn.Module] | None,
+        last_layer: ReadRowsLastLayer | None = None,
     ) -> torch.Tensor:
         ids = torch.from_numpy(input_ids).to(self.device)
         attention = torch.from_numpy(attention_mask).to(self.device)
         at_rows, at_cols = torch.from_numpy(rows).to(self.device), torch.from_numpy(cols).to(self.device)
+        if split is not None and last_layer is not None:
+            read: torch.Tensor = split[1](last_layer(ids, attention, at_rows, at_cols))
+            return read
         if split is not None:
             base, head = split
             hidden = base(input_ids=ids, attention_mask=attention)[0]
@@ -120,6 +129,31 @@ class TorchFillMaskEngine(FillMaskEngine):
             log.info("mask-only MLM head disagrees with the full model; using the full model")
             return None
         return split
+
+    def _find_read_rows_last_layer(self) -> ReadRowsLastLayer | None:
+        """The last layer at the read rows only, if the encoder has a known layout and it gives
+        the mask-only head's logits on a probe batch (within float32's rounding of a different
+        batch shape; a lower precision rounds further, and keeps the whole last layer).
+        """
+        if self._split_head is None or self.dtype != "float32":
+            return None
+        last_layer = ReadRowsLastLayer.find(self._split_head[0])
+        if last_layer is None:
+            return None
+        ids, attention = self._pad(probe_texts(self.tokenizer))
+        rows, cols = np.nonzero(ids == self.mask_token_id)
+        with torch.inference_mode():
+            whole = self._torch_mask_logits(ids, attention, rows, cols, split=self._split_head)
+            try:
+                read_rows = self._torch_mask_logits(
+                    ids, attention, rows, cols, split=self._split_head, last_layer=last_layer
+                )
+            except Exception:  # noqa: BLE001 - any failure means: compute the whole last layer
+                return None
+        if read_rows.shape != whole.shape or not torch.allclose(read_rows, whole, atol=1e-4):
+            log.info("the last layer at the read rows disagrees with the whole layer; computing it whole")
+            return None
+        return last_layer
 
 
 class Float32Head(torch.nn.Module):

@@ -1,0 +1,135 @@
+"""The last encoder layer at the read rows only: its other rows feed nothing.
+
+The MLM head reads a few rows of the last layer's output: a fill-mask text's masks, a scoring
+copy's one answer row. Every other row of that layer is computed only to be thrown away. Its keys
+and values still need every row (the read rows attend to them), but its queries, attention output,
+feed-forward and norms need only the read rows. In a 12-layer encoder that is most of a twelfth
+of the work; in a 2-layer one, most of a half.
+
+This knows the post-norm layer of BERT and its descendants (RoBERTa, XLM-R, ELECTRA, CamemBERT):
+a layer with ``attention.self.{query,key,value}``, ``attention.output``, ``intermediate`` and
+``output``. Other layouts get ``None`` from :meth:`ReadRowsLastLayer.find`, and a backend keeps
+one that is found only if it gives the full model's logits on a probe batch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+
+class _LastLayerReached(Exception):
+    """Carries the last layer's input out of the encoder, which then stops: nothing after it is needed."""
+
+    def __init__(self, hidden: torch.Tensor) -> None:
+        super().__init__()
+        self.hidden = hidden
+
+
+def _stop_at_last_layer(_module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    raise _LastLayerReached(args[0] if args else kwargs["hidden_states"])
+
+
+class ReadRowsLastLayer:
+    """Runs an encoder with its last layer computed at the read rows only."""
+
+    def __init__(self, encoder: torch.nn.Module, last: Any) -> None:
+        # ``last`` is any module of the layout find() checked: its parts are reached by name.
+        self.encoder = encoder
+        self.last: torch.nn.Module = last
+        self.query: torch.nn.Module = last.attention.self.query
+        self.key: torch.nn.Module = last.attention.self.key
+        self.value: torch.nn.Module = last.attention.self.value
+        self.attention_output: torch.nn.Module = last.attention.output
+        self.intermediate: torch.nn.Module = last.intermediate
+        self.output: torch.nn.Module = last.output
+        self.heads = int(last.attention.self.num_attention_heads)
+        self.head_size = int(last.attention.self.attention_head_size)
+
+    @classmethod
+    def find(cls, encoder: torch.nn.Module) -> ReadRowsLastLayer | None:
+        """One for ``encoder`` (the model without its head) if its last layer has exactly the known layout.
+
+        Exactly: a module more (a relative-position table, a pre-norm, cross-attention) is a term
+        the sum computed here would leave out.
+        """
+        layers = getattr(getattr(encoder, "encoder", None), "layer", None)
+        if not isinstance(layers, torch.nn.ModuleList) or len(layers) == 0:
+            return None
+        last: Any = layers[-1]
+        layout = {
+            last: ({"attention", "intermediate", "output"}, set()),
+            getattr(last, "attention", None): ({"self", "output"}, set()),
+            getattr(getattr(last, "attention", None), "self", None): ({"query", "key", "value"}, {"dropout"}),
+            getattr(getattr(last, "attention", None), "output", None): ({"dense", "LayerNorm"}, {"dropout"}),
+            getattr(last, "intermediate", None): ({"dense"}, {"intermediate_act_fn"}),
+            getattr(last, "output", None): ({"dense", "LayerNorm"}, {"dropout"}),
+        }
+        for module, (needed, allowed) in layout.items():
+            if not isinstance(module, torch.nn.Module):
+                return None
+            children = {name for name, _ in module.named_children()}
+            if not needed <= children <= needed | allowed:
+                return None
+        attention = last.attention.self
+        known = (
+            hasattr(attention, "num_attention_heads")
+            and hasattr(attention, "attention_head_size")
+            and getattr(attention, "position_embedding_type", "absolute") == "absolute"
+            and not getattr(last, "is_decoder", False)
+            # A chunked feed-forward runs the same sum in slices; it is left to the whole layer.
+            and not getattr(last, "chunk_size_feed_forward", 0)
+        )
+        return cls(encoder, last) if known else None
+
+    def __call__(
+        self, ids: torch.Tensor, attention: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor
+    ) -> torch.Tensor:
+        """The encoder's output at ``(rows, cols)``, one row each, in their order."""
+        hidden = self._input_of_last_layer(ids, attention)
+        batch = hidden.shape[0]
+        # Each batch row's read positions, padded to the most any row reads (1 for a scoring
+        # copy; its masks for a fill-mask text), so that attention is one batched call.
+        counts = torch.bincount(rows, minlength=batch)
+        order = torch.argsort(rows, stable=True)
+        firsts = torch.cumsum(counts, 0) - counts
+        slots = torch.empty_like(rows)
+        slots[order] = torch.arange(len(rows), device=rows.device) - firsts[rows[order]]
+        positions = torch.zeros(batch, int(counts.max()), dtype=torch.long, device=rows.device)
+        positions[rows, slots] = cols
+        read = hidden[torch.arange(batch, device=rows.device)[:, None], positions]
+
+        query = self._heads(self.query(read))
+        key = self._heads(self.key(hidden))
+        value = self._heads(self.value(hidden))
+        keep = attention.bool()[:, None, None, :]  # padding is attended by no row
+        context = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=keep, scale=1.0 / math.sqrt(self.head_size)
+        )
+        context = context.transpose(1, 2).reshape(batch, -1, self.heads * self.head_size)
+        attended = self.attention_output(context, read)
+        output: torch.Tensor = self.output(self.intermediate(attended), attended)
+        return output[rows, slots]
+
+    def _heads(self, projected: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = projected.shape
+        return projected.view(batch, length, self.heads, self.head_size).transpose(1, 2)
+
+    def _input_of_last_layer(self, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+        """The hidden states entering the last layer, from the encoder's own forward.
+
+        The encoder builds its embeddings and attention masks itself, in whatever form its
+        version uses; a hook on the last layer takes its input and stops the forward there.
+        The hook lives for this one call, on a module only the inference thread runs (the
+        load-time probe runs before serving starts), so no other forward can meet it.
+        """
+        handle = self.last.register_forward_pre_hook(_stop_at_last_layer, with_kwargs=True)
+        try:
+            self.encoder(input_ids=ids, attention_mask=attention)
+        except _LastLayerReached as reached:
+            return reached.hidden
+        finally:
+            handle.remove()
+        raise AssertionError("the encoder returned without running its last layer; this is a bug")
