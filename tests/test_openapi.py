@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +14,7 @@ import jsonschema
 import pytest
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient
+from multidict import CIMultiDict
 from openapi_spec_validator import validate as validate_openapi
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
@@ -78,35 +80,59 @@ class Conformance:
 
     async def check(self, response: ClientResponse, status: int | None = None) -> ClientResponse:
         """Assert ``response`` is documented: status, content type, required headers, JSON schema."""
-        method, path = response.method, self.template(response.url.path)
         if status is not None:
-            assert response.status == status, (method, path, response.status, await response.text())
-        where = f"{method} {path} {response.status}"
+            assert response.status == status, (
+                response.method,
+                response.url.path,
+                response.status,
+                await response.text(),
+            )
+        self.check_parts(response.method, response.url.path, response.status, response.headers, await response.read())
+        return response
+
+    def check_parts(self, method: str, url_path: str, status: int, headers: Mapping[str, str], body: bytes) -> None:
+        """The same checks on an answer read off a raw socket."""
+        path = self.template(url_path)
+        where = f"{method} {path} {status}"
         responses = self.document["paths"][path][method.lower()]["responses"]
-        assert str(response.status) in responses, f"{where}: status not documented"
-        spec = responses[str(response.status)]
+        assert str(status) in responses, f"{where}: status not documented"
+        spec = responses[str(status)]
         for name, header in spec.get("headers", {}).items():
             if header.get("required"):
-                assert name in response.headers, f"{where}: header {name} missing"
-        body = await response.read()
+                assert name in headers, f"{where}: header {name} missing"
         content = spec.get("content")
         if not content:
-            assert not body or response.status in (301, 302, 303, 307, 308), f"{where}: undocumented body"
+            assert not body or status in (301, 302, 303, 307, 308), f"{where}: undocumented body"
         else:
             documented = {media_type(key): key for key in content}
-            actual = media_type(response.headers.get("Content-Type", ""))
+            actual = media_type(headers.get("Content-Type", ""))
             assert actual in documented, f"{where}: content type {actual} not in {sorted(documented)}"
             schema = content[documented[actual]].get("schema")
             if actual == "application/json":
-                ref = DOCUMENT_URI + "#/" + pointer("paths", path, method.lower(), "responses", str(response.status))
+                ref = DOCUMENT_URI + "#/" + pointer("paths", path, method.lower(), "responses", str(status))
                 ref += "/" + pointer("content", documented[actual], "schema")
                 validator = jsonschema.Draft202012Validator({"$ref": ref}, registry=self.registry)
                 errors = sorted(validator.iter_errors(json.loads(body)), key=str)
                 assert not errors, f"{where}: {errors[0].message} at {list(errors[0].absolute_path)}"
             elif schema is not None and schema.get("type") == "string" and schema.get("format") != "binary":
                 body.decode("utf-8")
-        self.seen.add((method, path, str(response.status)))
-        return response
+        self.seen.add((method, path, str(status)))
+
+
+async def body_that_stops(client: Client, path: str, content_type: str) -> tuple[int, CIMultiDict[str], bytes]:
+    """POST ``path`` with headers and part of a body, then nothing: the server's answer, read until it closes."""
+    assert client.server.host is not None and client.server.port is not None
+    reader, writer = await asyncio.open_connection(client.server.host, client.server.port)
+    try:
+        head = f"POST {path} HTTP/1.1\r\nHost: maskserve\r\nContent-Type: {content_type}\r\nContent-Length: 100"
+        writer.write(f"{head}\r\n\r\nparis is".encode())
+        answer = await asyncio.wait_for(reader.read(), 5)  # answered, then closed
+    finally:
+        writer.close()
+    head_bytes, _, body = answer.partition(b"\r\n\r\n")
+    status_line, *lines = head_bytes.decode("latin-1").split("\r\n")
+    headers: CIMultiDict[str] = CIMultiDict(tuple(line.split(": ", 1)) for line in lines)
+    return int(status_line.split()[1]), headers, body
 
 
 INFER = "/v2/models/maskserve/infer"
@@ -203,7 +229,7 @@ async def test_every_documented_response_is_produced_and_matches_the_document(
     make_client: ClientFactory, bert_engine: FillMaskEngine
 ) -> None:
     model = ControlledModel(bert_engine)
-    client = await make_client(engine=model, max_queue=2, stall_timeout=0.2, max_body_bytes=4096)
+    client = await make_client(engine=model, max_queue=2, stall_timeout=0.2, max_body_bytes=4096, body_timeout=0.2)
     document = await (await client.get("/openapi.json")).json()
     docs = Conformance(document)
     paris = "paris is the [MASK] of france."
@@ -300,6 +326,17 @@ async def test_every_documented_response_is_produced_and_matches_the_document(
         for body in ({"inputs": ""}, {"inputs": "a dog", "parameters": {"metric": "l2r"}}, {"inputs": paris}):
             await docs.check(await client.post(path, json=body), 422)
         await docs.check(await client.post(path, data="the cat"), 500)
+    # A body that stops arriving, on every operation that reads one.
+    body_types = [(p, "text/plain") for p in (*FILL_PATHS, *SCORE_PATHS)] + [
+        (p, "application/json") for p in INFER_PATHS
+    ]
+    for path, content_type in [
+        *body_types,
+        *((p, "application/x-www-form-urlencoded") for p in ("/demo", "/demo/score")),
+    ]:
+        status, headers, body = await body_that_stops(client, path, content_type)
+        assert status == 408 and json.loads(body)["error_type"] == "body_timeout", (path, status, body)
+        docs.check_parts("POST", path, status, headers, body)
     # A name no model is served under.
     await docs.check(await client.post("/models/bert", data=paris), 404)
     await docs.check(await client.post("/models/bert/score", data="a dog"), 404)

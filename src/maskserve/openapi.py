@@ -52,6 +52,13 @@ def router_operations(router: web.UrlDispatcher) -> list[Operation]:
     return operations
 
 
+def body_timeout(settings: Settings) -> Schema:
+    return error(
+        f"The body did not arrive within {settings.body_timeout:g} s of the headers (--body-timeout); "
+        "the connection closes after this answer."
+    )
+
+
 def _probe(summary: str, description: str) -> Schema:
     return {
         "summary": summary,
@@ -119,6 +126,7 @@ def _fill_mask(settings: Settings, mask_token: str) -> Schema:
         "responses": {
             "200": ok("The predictions.", JSON, ref("FillMaskResponse"), **timing_headers()),
             "400": error("The body is not UTF-8 or not JSON, or a header is unusable."),
+            "408": body_timeout(settings),
             "413": error(f"The body is larger than {settings.max_body_bytes} bytes (--max-body-bytes)."),
             "422": error("Well-formed but unusable: no mask token, too long, a value out of range, unknown field."),
             "500": error("The model failed on this input (its batch neighbours were answered)."),
@@ -160,6 +168,7 @@ def _score(settings: Settings) -> Schema:
         "responses": {
             "200": ok("Each text's score.", JSON, ref("ScoreResponse"), **timing_headers()),
             "400": error("The body is not UTF-8 or not JSON, or a header is unusable."),
+            "408": body_timeout(settings),
             "413": error(f"The body is larger than {settings.max_body_bytes} bytes (--max-body-bytes)."),
             "422": error("Well-formed but unusable: an empty text, too many tokens, an unknown metric or field."),
             "500": error("The model failed on this input (its batch neighbours were answered)."),
@@ -238,6 +247,7 @@ def _oip_infer(settings: Settings, mask_token: str) -> Schema:
             },
             "400": error("The body is not JSON, or the binary tensor framing is wrong."),
             "404": error("No model of that name is served."),
+            "408": body_timeout(settings),
             "413": error(f"The body is larger than {settings.max_body_bytes} bytes (--max-body-bytes)."),
             "422": error("Well-formed but unusable: the tensor's name, type or shape, no mask token, a value."),
             "500": error("The model failed on this input (its batch neighbours were answered)."),
@@ -313,6 +323,7 @@ def _demo(settings: Settings) -> Schema:
         # Raised while reading the form, before the page can render: the API's error shape.
         | {
             "400": error("The form cannot be read (not UTF-8, a broken multipart body)."),
+            "408": body_timeout(settings),
             "413": error(f"The form is larger than {settings.max_body_bytes} bytes (--max-body-bytes)."),
         },
     }
@@ -370,6 +381,7 @@ def _demo_score(settings: Settings) -> Schema:
         }
         | {
             "400": error("The form cannot be read (not UTF-8, a broken multipart body)."),
+            "408": body_timeout(settings),
             "413": error(f"The form is larger than {settings.max_body_bytes} bytes (--max-body-bytes)."),
         },
     }
