@@ -110,6 +110,30 @@ def minicons_pass(scorer: Any, sentences: Sequence[str], batch_size: int) -> tup
     return len(sentences) / elapsed, scores
 
 
+def multiply_adds(config: Any, lengths: Sequence[int], *, attention: bool = True) -> tuple[float, float]:
+    """Multiply-adds of scoring texts of ``lengths`` tokens (special tokens included), metric ``original``.
+
+    (minicons at batch size 1, maskserve's torch float32) for a model of BERT's layer layout.
+    minicons computes every layer and the head over the vocabulary at every row of every copy;
+    maskserve runs the last layer's queries, attention output and feed-forward, and the head, at
+    each copy's scored row only. Matrix products only: embeddings, norms and activations are
+    left out, and with ``attention=False`` so are the attention's own products (scores, weighted
+    sums), which leaves exactly the linear layers.
+    """
+    d, ff, layers, vocab = config.hidden_size, config.intermediate_size, config.num_hidden_layers, config.vocab_size
+    minicons = maskserve = 0.0
+    for n in lengths:
+        copies = n - 2  # every token but the two special ones is scored
+        attend = 2 * n * d if attention else 0  # one row's scores and weighted sum over n rows
+        row = 4 * d * d + 2 * d * ff + attend  # one row through one layer
+        head = d * d + d * vocab  # the head's transform and its projection onto the vocabulary
+        minicons += copies * n * (layers * row + head)
+        # Every row through all layers but the last; there, keys and values at every row, and
+        # the scored row through the rest of the layer and the head.
+        maskserve += copies * (n * ((layers - 1) * row + 2 * d * d) + (2 * d * d + 2 * d * ff + attend) + head)
+    return minicons, maskserve
+
+
 @dataclass
 class ScoreLoad:
     """One closed-loop pass over the sentences: each sentence once, each score kept."""
@@ -190,6 +214,7 @@ class ModelRun:
     mean_tokens: float
     systems: list[str]
     reference: list[float]  # minicons' score of each sentence, at batch size 1
+    multiply_adds: tuple[float, float]  # (minicons at batch size 1, maskserve torch float32)
     rounds: list[Round] = field(default_factory=list)
 
 
@@ -205,7 +230,15 @@ def run_model(key: str, backends: Sequence[str], rounds: int, log_dir: Path, cou
     lengths = [len(ids) for ids in scorer.tokenizer(sentences)["input_ids"]]
     _, reference = minicons_pass(scorer, sentences, 1)  # also its warm-up
     servers = [score_server(model, backend, log_dir) for backend in backends]
-    run = ModelRun(model, key, sentences, sum(lengths) / len(lengths), [s.name for s in servers], reference)
+    run = ModelRun(
+        model,
+        key,
+        sentences,
+        sum(lengths) / len(lengths),
+        [s.name for s in servers],
+        reference,
+        multiply_adds(scorer.model.config, lengths),
+    )
     try:
         for server in servers:
             log(f"{model.name}: starting {server.name}")
@@ -301,6 +334,12 @@ def model_section(run: ModelRun) -> list[str]:
             f"Sanity: {torch_name}'s scores and minicons' are {verdict} within {FLOAT32_TOLERANCE:g} on every "
             f"sentence (largest difference {diff:.2g})."
         )
+    minicons_work, maskserve_work = run.multiply_adds
+    lines.append(
+        f"Work: minicons (batch size 1) computes {minicons_work / maskserve_work:.2f}× the multiply-adds of "
+        f"{torch_name} on these sentences ({minicons_work / 1e12:.2f} against {maskserve_work / 1e12:.2f} "
+        "trillion): the ratio a float32 server reaches where both compute at the same rate."
+    )
     if run.key == TARGET_MODEL:
         lines += ["", *targets(run)]
     return [*lines, ""]
@@ -361,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.score", description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="default,bert-base", help="comma-separated: default, bert-base")
     parser.add_argument(
-        "--backends", default="torch,openvino-int8", help=f"comma-separated, of {', '.join(BACKEND_FLAGS)}"
+        "--backends", default="torch,openvino,openvino-int8", help=f"comma-separated, of {', '.join(BACKEND_FLAGS)}"
     )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=RESULTS)

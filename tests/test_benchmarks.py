@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoTokenizer
 
 from benchmarks import offline
@@ -291,3 +293,30 @@ def test_the_several_models_benchmark_runs_both_layouts_and_reports_ratios_and_m
         assert cells[6] == "0"  # no wrong or failed answer
         assert float(cells[7]) > 100  # MiB: a server with torch
     assert report.count("One server against two:") == 2
+
+
+def _matmul_multiply_adds(counter: FlopCounterMode) -> float:
+    """Multiply-adds of the matrix products a FlopCounterMode saw (it counts 2 FLOPs for each)."""
+    counts = counter.get_flop_counts()["Global"]
+    return sum(v for k, v in counts.items() if str(k).split(".")[-1] in {"mm", "addmm", "bmm"}) / 2
+
+
+def test_the_score_report_s_multiply_adds_are_what_each_side_computes(bert_engine: FillMaskEngine) -> None:
+    """The work line of benchmarks/score.py: its formula against the products torch actually runs."""
+    from benchmarks.score import multiply_adds
+    from maskserve.scoring import masked_copies
+
+    assert bert_engine.describe()["read_rows_last_layer"] == "yes"
+    encoded = bert_engine.tokenizer("the quick brown fox jumps over the lazy dog")
+    words = (tuple(encoded["input_ids"]), encoded.word_ids())
+    copies = masked_copies(words, bert_engine.mask_token_id, "original")
+    minicons, maskserve = multiply_adds(bert_engine.model.config, [len(words[0])], attention=False)
+    with torch.inference_mode():
+        with FlopCounterMode(display=False) as served:
+            bert_engine.predict(copies)
+        every_row = torch.tensor([copy.input_ids for copy in copies])
+        with FlopCounterMode(display=False) as whole:  # minicons' forward: every layer and the head at every row
+            bert_engine.model(input_ids=every_row, attention_mask=torch.ones_like(every_row))
+    assert _matmul_multiply_adds(served) == maskserve
+    assert _matmul_multiply_adds(whole) == minicons
+    assert minicons > maskserve
