@@ -295,10 +295,15 @@ def test_the_several_models_benchmark_runs_both_layouts_and_reports_ratios_and_m
     assert report.count("One server against two:") == 2
 
 
-def _matmul_multiply_adds(counter: FlopCounterMode) -> float:
-    """Multiply-adds of the matrix products a FlopCounterMode saw (it counts 2 FLOPs for each)."""
+def _linear_multiply_adds(counter: FlopCounterMode) -> float:
+    """Multiply-adds of the linear layers' products a FlopCounterMode saw (2 FLOPs each counted).
+
+    Linear layers run as mm/addmm. The attention's own products are left out: batched (bmm) where
+    transformers 4 runs BERT's attention eagerly, fused into one kernel that is not counted where
+    it runs scaled_dot_product_attention.
+    """
     counts = counter.get_flop_counts()["Global"]
-    return sum(v for k, v in counts.items() if str(k).split(".")[-1] in {"mm", "addmm", "bmm"}) / 2
+    return sum(v for k, v in counts.items() if str(k).split(".")[-1] in {"mm", "addmm"}) / 2
 
 
 def test_the_score_report_s_multiply_adds_are_what_each_side_computes(bert_engine: FillMaskEngine) -> None:
@@ -317,6 +322,6 @@ def test_the_score_report_s_multiply_adds_are_what_each_side_computes(bert_engin
         every_row = torch.tensor([copy.input_ids for copy in copies])
         with FlopCounterMode(display=False) as whole:  # minicons' forward: every layer and the head at every row
             bert_engine.model(input_ids=every_row, attention_mask=torch.ones_like(every_row))
-    assert _matmul_multiply_adds(served) == maskserve
-    assert _matmul_multiply_adds(whole) == minicons
+    assert _linear_multiply_adds(served) == maskserve
+    assert _linear_multiply_adds(whole) == minicons
     assert minicons > maskserve
