@@ -117,43 +117,40 @@ class TorchFillMaskEngine(FillMaskEngine):
         split = split_mlm_head(self.model)
         if split is None:
             return None
-        ids, attention = self._pad(probe_texts(self.tokenizer))
-        rows, cols = np.nonzero(ids == self.mask_token_id)
-        with torch.inference_mode():
-            full = self._torch_mask_logits(ids, attention, rows, cols, split=None)
-            try:
-                mask_only = self._torch_mask_logits(ids, attention, rows, cols, split=split)
-            except Exception:  # noqa: BLE001 - any failure means: use the full model
-                return None
-        if mask_only.shape != full.shape or not torch.allclose(mask_only, full, atol=1e-4):
+        if not self._agrees_on_probe(split=split):
             log.info("mask-only MLM head disagrees with the full model; using the full model")
             return None
         return split
 
     def _find_read_rows_last_layer(self) -> ReadRowsLastLayer | None:
         """The last layer at the read rows only, if the encoder has a known layout and it gives
-        the mask-only head's logits on a probe batch (within float32's rounding of a different
-        batch shape; a lower precision rounds further, and keeps the whole last layer).
+        the full model's logits on a probe batch (within float32's rounding of a different batch
+        shape; a lower precision rounds further, and keeps the whole last layer).
         """
         if self._split_head is None or self.dtype != "float32":
             return None
         last_layer = ReadRowsLastLayer.find(self._split_head[0])
         if last_layer is None:
             return None
+        if not self._agrees_on_probe(split=self._split_head, last_layer=last_layer):
+            log.info("the last layer at the read rows disagrees with the full model; computing it whole")
+            return None
+        return last_layer
+
+    def _agrees_on_probe(
+        self, *, split: tuple[torch.nn.Module, torch.nn.Module], last_layer: ReadRowsLastLayer | None = None
+    ) -> bool:
+        """Whether these shortcuts give the full model's mask logits on a probe batch, within 1e-4;
+        any failure of theirs is a no."""
         ids, attention = self._pad(probe_texts(self.tokenizer))
         rows, cols = np.nonzero(ids == self.mask_token_id)
         with torch.inference_mode():
-            whole = self._torch_mask_logits(ids, attention, rows, cols, split=self._split_head)
+            full = self._torch_mask_logits(ids, attention, rows, cols, split=None)
             try:
-                read_rows = self._torch_mask_logits(
-                    ids, attention, rows, cols, split=self._split_head, last_layer=last_layer
-                )
-            except Exception:  # noqa: BLE001 - any failure means: compute the whole last layer
-                return None
-        if read_rows.shape != whole.shape or not torch.allclose(read_rows, whole, atol=1e-4):
-            log.info("the last layer at the read rows disagrees with the whole layer; computing it whole")
-            return None
-        return last_layer
+                short = self._torch_mask_logits(ids, attention, rows, cols, split=split, last_layer=last_layer)
+            except Exception:  # noqa: BLE001 - any failure means: without the shortcut
+                return False
+        return short.shape == full.shape and torch.allclose(short, full, atol=1e-4)
 
 
 class Float32Head(torch.nn.Module):
