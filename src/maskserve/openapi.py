@@ -52,11 +52,15 @@ def router_operations(router: web.UrlDispatcher) -> list[Operation]:
     return operations
 
 
-def body_timeout(settings: Settings) -> Schema:
-    return error(
-        f"The body did not arrive within {settings.body_timeout:g} s of the headers (--body-timeout); "
-        "the connection closes after this answer."
-    )
+def _body_refusals(settings: Settings, what: str) -> dict[str, Schema]:
+    """A body-reading operation's refusals: too slow, too large (``what``: "The body", "The form")."""
+    return {
+        "408": error(
+            f"{what} did not arrive within {settings.body_timeout:g} s of the headers "
+            "(--body-timeout); the connection closes after this answer."
+        ),
+        "413": error(f"{what} is larger than {settings.max_body_bytes} bytes (--max-body-bytes)."),
+    }
 
 
 def _probe(summary: str, description: str) -> Schema:
@@ -126,8 +130,7 @@ def _fill_mask(settings: Settings, mask_token: str) -> Schema:
         "responses": {
             "200": ok("The predictions.", JSON, ref("FillMaskResponse"), **timing_headers()),
             "400": error("The body is not UTF-8 or not JSON, or a header is unusable."),
-            "408": body_timeout(settings),
-            "413": error(f"The body is larger than {settings.max_body_bytes} bytes (--max-body-bytes)."),
+            **_body_refusals(settings, "The body"),
             "422": error("Well-formed but unusable: no mask token, too long, a value out of range, unknown field."),
             "500": error("The model failed on this input (its batch neighbours were answered)."),
             "503": error("Overloaded or shutting down: refused before the body is read.", retry_after()),
@@ -168,8 +171,7 @@ def _score(settings: Settings) -> Schema:
         "responses": {
             "200": ok("Each text's score.", JSON, ref("ScoreResponse"), **timing_headers()),
             "400": error("The body is not UTF-8 or not JSON, or a header is unusable."),
-            "408": body_timeout(settings),
-            "413": error(f"The body is larger than {settings.max_body_bytes} bytes (--max-body-bytes)."),
+            **_body_refusals(settings, "The body"),
             "422": error("Well-formed but unusable: an empty text, too many tokens, an unknown metric or field."),
             "500": error("The model failed on this input (its batch neighbours were answered)."),
             "503": error("Overloaded or shutting down: refused before the body is read.", retry_after()),
@@ -247,8 +249,7 @@ def _oip_infer(settings: Settings, mask_token: str) -> Schema:
             },
             "400": error("The body is not JSON, or the binary tensor framing is wrong."),
             "404": error("No model of that name is served."),
-            "408": body_timeout(settings),
-            "413": error(f"The body is larger than {settings.max_body_bytes} bytes (--max-body-bytes)."),
+            **_body_refusals(settings, "The body"),
             "422": error("Well-formed but unusable: the tensor's name, type or shape, no mask token, a value."),
             "500": error("The model failed on this input (its batch neighbours were answered)."),
             "503": error("Overloaded or shutting down: refused before the body is read.", retry_after()),
@@ -323,8 +324,7 @@ def _demo(settings: Settings) -> Schema:
         # Raised while reading the form, before the page can render: the API's error shape.
         | {
             "400": error("The form cannot be read (not UTF-8, a broken multipart body)."),
-            "408": body_timeout(settings),
-            "413": error(f"The form is larger than {settings.max_body_bytes} bytes (--max-body-bytes)."),
+            **_body_refusals(settings, "The form"),
         },
     }
 
@@ -381,8 +381,7 @@ def _demo_score(settings: Settings) -> Schema:
         }
         | {
             "400": error("The form cannot be read (not UTF-8, a broken multipart body)."),
-            "408": body_timeout(settings),
-            "413": error(f"The form is larger than {settings.max_body_bytes} bytes (--max-body-bytes)."),
+            **_body_refusals(settings, "The form"),
         },
     }
 
