@@ -33,7 +33,7 @@ if str(ROOT / "src") not in sys.path:
 
 import maskserve  # noqa: E402
 from maskserve import errors  # noqa: E402
-from maskserve.settings import GROUPS, Settings, env_names, flag_names  # noqa: E402
+from maskserve.settings import GROUPS, Settings, env_names, flag_names, follows_note, setting_fields  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 MARKER = re.compile(r"^<!-- generated: (\w+)(?: ([\w./-]+))? -->$", re.M)
@@ -62,7 +62,7 @@ def _flags(f: dataclasses.Field[Any]) -> list[str]:
 
 def settings_tables() -> str:
     """One table per --help group, in its order: flags, environment variables, default, meaning."""
-    fields = {f.name: f for f in dataclasses.fields(Settings)}
+    fields = {f.name: f for f in setting_fields()}
     grouped = [name for names in GROUPS.values() for name in names]
     if sorted(grouped) != sorted(fields):
         raise ValueError(f"settings.GROUPS and the Settings fields differ: {sorted(set(grouped) ^ set(fields))}")
@@ -78,7 +78,9 @@ def settings_tables() -> str:
             f = fields[name]
             flags = ", ".join(f"`{flag}`" for flag in _flags(f))
             env = ", ".join(f"`{variable}`" for variable in env_names(f))
-            rows.append(f"| {flags} | {env} | `{_default(f.default)}` | {_cell(f.metadata['help'])} |")
+            note = follows_note(name)
+            default = f"`{_default(f.default)}`" + (f", {_cell(note)}" if note else "")
+            rows.append(f"| {flags} | {env} | {default} | {_cell(f.metadata['help'])} |")
         parts.append("\n".join(rows))
     return "\n\n".join(parts)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -16,7 +15,7 @@ from maskserve.app import create_app
 from maskserve.engine import FillMaskEngine, load_engine
 from maskserve.engine.cpu import describe_features, int8_in_effect, isa_cap_in_effect, precision_in_effect
 from maskserve.model_api import FillMaskModel, ModelSpec
-from maskserve.settings import Settings
+from maskserve.settings import settings_from
 
 from .models import build_bert, build_roberta, build_xlmr
 
@@ -211,7 +210,8 @@ def make_client(aiohttp_client: Any, bert_engine: FillMaskEngine) -> ClientFacto
 
     async def make(engine: FillMaskModel | None = None, **overrides: Any) -> TestClient[web.Request, web.Application]:
         # No warm-up unless a test asks for it: its passes would show in a test double's record.
-        settings = dataclasses.replace(Settings(), **{"warmup": False, **overrides})
+        # Built as load_settings builds them: a limit set alone moves the defaults it bounds.
+        settings = settings_from({"warmup": False, **overrides})
         app = create_app(settings, engine=engine if engine is not None else bert_engine)
         client: TestClient[web.Request, web.Application] = await aiohttp_client(
             app, server_kwargs={"handler_cancellation": True}

@@ -6,7 +6,8 @@ clients get answers or honest refusals (503, 504) and never a 500, and the serve
 at once afterwards.
 
 Scoring: the costliest ``POST /score`` fills the whole queue with its masked copies, so no other
-such request is admitted beside it; while it runs, fill-mask clients are all answered 200 and
+such request is admitted beside it; while it runs, fill-mask clients are answered 200, or refused
+at the door while the queue is full (503 with Retry-After), never failed or left to time out;
 ``/livez`` stays fast, and it ends within the request timeout.
 """
 
@@ -127,7 +128,7 @@ async def wait_until_queued(session: aiohttp.ClientSession, base: str, costly: a
     return False
 
 
-async def test_costliest_scoring_request_ends_in_time_while_fill_mask_clients_get_200s(tmp_path: Path) -> None:
+async def test_costliest_scoring_request_ends_in_time_while_fill_mask_clients_are_answered(tmp_path: Path) -> None:
     costly = costliest_score_body()
     texts = costly["inputs"]
     assert len(texts) * DEFAULTS.max_score_tokens == DEFAULTS.max_queue  # every queue slot, as built
@@ -152,13 +153,15 @@ async def test_costliest_scoring_request_ends_in_time_while_fill_mask_clients_ge
         finally:
             livez.stop()
             readyz.stop()
+    print(f"figures: the costliest /score {seconds:.1f}s; fill-mask clients {dict(statuses)}")
     assert queued, "the scoring request never showed up in the queue"
     assert status == 200, body[:500]
     assert seconds < DEFAULTS.request_timeout + SCORE_SLACK_S
     answer = json.loads(body)
     assert [len(text["tokens"]) for text in answer] == [DEFAULTS.max_score_tokens] * len(texts)
-    # Every fill-mask client was answered while it ran, none refused.
-    assert set(statuses) == {200}, statuses
+    # Every fill-mask client was answered while it ran; until its first batch leaves the queue, the
+    # scoring request holds every slot, so a text may be refused at the door (503, Retry-After).
+    assert set(statuses) <= {200, 503} and statuses[200] > 0, statuses
     assert set(livez.statuses) == {200} and set(readyz.statuses) == {200}, (
         Counter(livez.statuses),
         Counter(readyz.statuses),

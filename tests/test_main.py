@@ -62,9 +62,10 @@ def test_bad_setting_exits_2_naming_flag_and_value() -> None:
     [
         (("--max-inputs", "300", "--max-queue", "256"), ("--max-inputs", "--max-queue")),
         (("--default-top-k", "50", "--max-top-k", "10"), ("--default-top-k", "--max-top-k")),
+        (("--max-queue", "8", "--max-score-tokens", "64"), ("--max-score-tokens=64", "--max-queue=8")),
         (("--api-key", "k" * 20, "--middleware", "default,-auth"), ("--middleware", "--api-key")),
     ],
-    ids=["inputs_above_queue", "default_top_k_above_max", "api_key_without_auth"],
+    ids=["inputs_above_queue", "default_top_k_above_max", "score_tokens_above_queue", "api_key_without_auth"],
 )
 def test_contradictory_settings_exit_2_naming_both(args: tuple[str, ...], named: tuple[str, str]) -> None:
     result = run_maskserve(*args)
@@ -98,6 +99,28 @@ def test_cli_serves_the_seed_curl_on_the_default_model_and_stops_cleanly_on_sigt
         assert answer[0]["sequence"] == "paris is the city of france."
         assert server.stop() == 0, server.log()
         assert "Traceback" not in server.log()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "env"), [(("--max-queue", "8"), {}), ((), {"MASKSERVE_MAX_QUEUE": "8"})], ids=["flag", "variable"]
+)
+def test_a_small_queue_set_alone_starts_and_the_limits_it_bounds_follow_it(
+    tmp_path: Path, args: tuple[str, ...], env: dict[str, str]
+) -> None:
+    with maskserve_process(*args, log_dir=tmp_path, env=env) as server:
+        assert post_raw(server.url + "/", b"Paris is the [MASK] of France.")[0]["token_str"] == "city"
+        with urllib.request.urlopen(server.url + "/info", timeout=30) as response:
+            info = json.loads(response.read())
+        log = server.log()
+    assert info["breaker"]["max_queue"] == 8
+    limits = info["limits"]
+    assert (limits["max_inputs"], limits["max_score_tokens"], limits["max_word_copies"]) == (8, 8, 8)
+    follows = {"max_inputs": "max_queue", "max_score_tokens": "max_queue", "max_word_copies": "max_queue"}
+    assert info["defaults_followed"] == follows and info["models"][0]["defaults_followed"] == follows
+    # Said once at start-up, each with the value it took and the one it follows.
+    for flag in ("--max-inputs", "--max-score-tokens", "--max-word-copies"):
+        assert log.count(f"{flag} is 8: its default follows --max-queue=8") == 1, log
 
 
 # A stop during the load must not wait for the load to end: with the default model the rest of

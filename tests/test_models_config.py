@@ -8,7 +8,7 @@ import pytest
 
 from maskserve.app import SETTINGS_CHECKS
 from maskserve.models_config import model_configs, source_name
-from maskserve.settings import Settings, SettingsError, load_settings
+from maskserve.settings import Settings, SettingsError, followed, load_settings
 
 
 def configs(*argv: str, env: dict[str, str] | None = None) -> list[tuple[str, str | None]]:
@@ -66,7 +66,6 @@ def test_a_duplicate_name_stops_the_start_naming_it() -> None:
 def test_a_bad_name_stops_the_start_naming_it() -> None:
     message = refusal("--model", "en/us=/a", "--model", "fr=/b")
     assert "'en/us'" in message and "A-Z a-z 0-9" in message
-    assert "no source" in refusal("--model", "en=", "--model", "fr=/b")
 
 
 def write(tmp_path: Path, text: str) -> str:
@@ -109,9 +108,36 @@ def test_a_models_file_value_is_parsed_and_refused_like_its_flag(tmp_path: Path)
     assert "model 'a'" in message and "max_queue" in message and "at least 1" in message
 
 
-def test_a_models_file_model_whose_limits_contradict_is_refused(tmp_path: Path) -> None:
-    message = refusal("--models-file", write(tmp_path, "models:\n  - name: a\n    max_queue: 8\n"))
+def test_a_models_file_model_whose_written_limits_contradict_is_refused(tmp_path: Path) -> None:
+    message = refusal("--models-file", write(tmp_path, "models:\n  - name: a\n    max_queue: 8\n    max_inputs: 64\n"))
     assert "model 'a'" in message and "max_inputs=64 contradicts max_queue=8" in message
+
+
+def test_a_models_file_limit_contradicting_a_written_server_flag_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, "models:\n  - name: a\n    max_queue: 8\n")
+    message = refusal("--models-file", path, "--max-score-tokens", "64")
+    assert "model 'a'" in message and "max_score_tokens=64 contradicts max_queue=8" in message
+
+
+def test_a_models_file_models_defaults_follow_its_own_limits_afresh(tmp_path: Path) -> None:
+    path = write(tmp_path, "models:\n  - name: small\n    max_queue: 8\n  - name: big\n    max_queue: 512\n")
+    settings = load_settings(["--models-file", path, "--max-queue", "16"], env={})
+    assert (settings.max_inputs, settings.max_score_tokens) == (16, 16)  # the server's follow its queue
+    served = {config.name: config.settings for config in model_configs(settings)}
+    small, big = served["small"], served["big"]
+    assert (small.max_inputs, small.max_score_tokens, small.max_word_copies) == (8, 8, 8)
+    # Not the server's followed 16s: the defaults, which fit the model's own queue.
+    assert (big.max_inputs, big.max_score_tokens, big.max_word_copies) == (64, 256, 64)
+    assert followed(small) == {name: "max_queue" for name in ("max_inputs", "max_score_tokens", "max_word_copies")}
+
+
+def test_model_name_with_no_source_serves_the_default_model_under_that_name() -> None:
+    settings = load_settings(["--model", "english=", "--model", "other=/models/x"], env={})
+    configs = model_configs(settings)
+    assert [(config.name, config.source) for config in configs] == [("english", None), ("other", "/models/x")]
+    assert [(c.name, c.source) for c in model_configs(load_settings([], env={"MASKSERVE_MODEL": "tiny="}))] == [
+        ("tiny", None)
+    ]
 
 
 @pytest.mark.parametrize(

@@ -224,6 +224,19 @@ async def test_score_tokens_name_every_scored_token_in_text_order(
     assert answer["score"] == pytest.approx(sum(t["score"] for t in answer["tokens"]))
 
 
+async def test_score_answers_a_paragraph_on_the_default_limits(
+    make_client: ClientFactory, bert_engine: FillMaskEngine
+) -> None:
+    """A 65-token sentence (the score benchmark's longest kind) and a text as long as the test model
+    reads (128 tokens with its two special ones) are scored on the defaults, every token of each."""
+    client = await make_client()
+    for repeats, tokens in ((32, 65), (62, 125)):
+        text = " ".join(["the cat"] * repeats) + " ."
+        assert len(bert_engine.encode(text)) - 2 == tokens
+        answer = await score_of(client, json={"inputs": text, "parameters": {"tokens": True}})
+        assert len(answer["tokens"]) == tokens
+
+
 @pytest.mark.parametrize(
     ("body", "field", "named"),
     [
@@ -308,3 +321,35 @@ async def test_an_abandoned_score_request_costs_no_forward_pass(
     assert (await client.post("/", data=PARIS)).status == 200
     assert batcher.drops.abandoned == 4
     assert sum(len(batch) for batch in model.batches) == 2
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "request_kwargs"),
+    [
+        ("POST", "/", {"data": PARIS}),
+        ("POST", "/models/maskserve", {"data": PARIS}),
+        ("POST", "/score", {"data": "the cat sleeps."}),
+        (
+            "POST",
+            "/v2/models/maskserve/infer",
+            {"json": {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [PARIS]}]}},
+        ),
+    ],
+)
+async def test_the_served_model_is_resolved_once_per_request(
+    make_client: ClientFactory, monkeypatch: pytest.MonkeyPatch, method: str, path: str, request_kwargs: dict[str, Any]
+) -> None:
+    """The door admits on the model it resolves, and the handler answers with that same one."""
+    client = await make_client()
+    service = client.app[SERVICE_KEY]
+    resolved: list[str | None] = []
+    real = service.served
+
+    def counted(name: str | None = None) -> Any:
+        resolved.append(name)
+        return real(name)
+
+    monkeypatch.setattr(service, "served", counted)
+    response = await client.request(method, path, **request_kwargs)
+    assert response.status == 200, await response.text()
+    assert len(resolved) == 1, resolved

@@ -19,7 +19,8 @@ import-linter contracts in setup.cfg (``tox -e style``) hold the code to this ta
     handling : logs                                       what handlers and stages share; logging and the access line
     deadlines                                             each request's deadline
     keys                                                  the two typed keys: the service, each request's record
-    service | request_state                               the one handle on the request path | one request's record
+    request_state                                         one request's record (its served model among it)
+    service                                               the one handle on the request path
     schemas : oip_schemas : score_schemas                 request parsing and validation, response shapes
     traces : tracing                                      what handlers tell tracing; its OpenTelemetry side (extra)
     metrics                                               the Prometheus registry, fed by the batcher and a stage

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 
 from .app import SETTINGS_CHECKS, create_app
 from .logs import configure_logging
+from .models_config import model_configs
 from .serve import serve
-from .settings import Settings, SettingsError, load_settings
+from .settings import Settings, SettingsError, flag_name, followed, load_settings
 
 log = logging.getLogger("maskserve")
 
@@ -24,6 +25,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"maskserve: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_json)
+    log_followed_defaults(settings)
     # Until the server listens and installs its own handlers (serve.StopSignals), a stop signal
     # stops at once: there is nothing to drain yet. Without this, SIGTERM would be ignored while a
     # slow model loads when maskserve is a container's PID 1, and a deleted pod would wait out its
@@ -38,6 +40,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         # is nothing to clean up, so leave now.
         logging.shutdown()
         os._exit(0)
+
+
+def log_followed_defaults(settings: Settings) -> None:
+    """Say once, before any worker starts, which defaults moved to fit the limits the user set: the
+    server's, then each models-file model's own."""
+    moved = followed(settings)
+    for name, other in moved.items():
+        shown = (flag_name(name), getattr(settings, name), flag_name(other), getattr(settings, other))
+        log.info("%s is %r: its default follows %s=%r", *shown)
+    for config in model_configs(settings):
+        for name, other in followed(config.settings).items():
+            if config.settings is not settings and (name, other) not in moved.items():
+                shown = (config.name, name, getattr(config.settings, name), other, getattr(config.settings, other))
+                log.info("model %r: %s is %r: its default follows %s=%r", *shown)
 
 
 def _load_and_serve(settings: Settings) -> int:

@@ -34,11 +34,15 @@ MODEL_SEGMENTS = ("name", "model")
 
 def served_model(request: web.Request, name: str | None = None) -> ServedModel:
     """The model the request is for: ``name``, else the one its path names, else the default.
-    An unknown name is a 404 that lists the served models. Remembered on the request (metrics)."""
+    An unknown name is a 404 that lists the served models. Resolved once and kept on the request's
+    record, so the door and the handler (and the metrics) see the same one."""
+    state = state_of(request)
     if name is None:
+        if state.served is not None:
+            return state.served
         name = next((request.match_info[key] for key in MODEL_SEGMENTS if key in request.match_info), None)
     served = service_of(request.app).served(name)
-    state_of(request).model = served.name
+    state.served, state.model = served, served.name
     return served
 
 

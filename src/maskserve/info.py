@@ -15,11 +15,11 @@ from aiohttp import web
 from . import __version__
 from .keys import service_of
 from .model_api import FillMaskModel, describe_model
-from .settings import Settings
+from .settings import Settings, followed
 
 Section = dict[str, str | int | float | bool | None]
 # A served model's section in the "models" list: its own, with its batching and limits nested.
-ModelEntry = dict[str, str | int | float | bool | Section | None]
+ModelEntry = dict[str, str | int | float | bool | Section | dict[str, str] | None]
 
 
 def model_section(model: FillMaskModel | None, name: str) -> Section | None:
@@ -87,6 +87,7 @@ def models_list(served: Sequence[tuple[str, Settings, FillMaskModel | None]]) ->
         entry: ModelEntry = {**section, "quantize": settings.quantize, "max_queue": settings.max_queue}
         entry["batching"] = batching_section(settings)
         entry["limits"] = limits_section(settings)
+        entry["defaults_followed"] = dict(followed(settings))
         entries.append(entry)
     return entries
 
@@ -96,7 +97,7 @@ def server_info(
     model: FillMaskModel | None,
     middleware: tuple[str, ...] = (),
     served: Sequence[tuple[str, Settings, FillMaskModel | None]] | None = None,
-) -> dict[str, Section | list[str] | list[ModelEntry] | None]:
+) -> dict[str, Section | dict[str, str] | list[str] | list[ModelEntry] | None]:
     """The server's description; ``model`` is the default model, ``served`` every model (name,
     settings, engine once loaded), the default alone when not given."""
     description = describe_model(model) if model is not None else {}
@@ -127,6 +128,9 @@ def server_info(
             "max_unsent_bytes": settings.max_unsent_bytes,
         },
         "limits": limits_section(settings),
+        # Each limit the user left alone whose default moved to fit one they set, and that setting
+        # (--max-queue 8: {"max_inputs": "max_queue", ...}); the values are in the sections above.
+        "defaults_followed": dict(followed(settings)),
         "versions": {
             "maskserve": __version__,
             "torch": description.get("torch_version"),

@@ -10,7 +10,6 @@ Pure: no torch, no HTTP.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from .settings import GROUPS, NamedSettingsError, Settings, contradictions
+from .settings import GROUPS, NamedSettingsError, Settings, contradictions, setting_fields, settings_from
 
 # What a models file may set per model: how it runs, its batches, its queue and what it admits.
 # The server's own settings stay one per server: which models and where their exports go, the
@@ -87,14 +86,13 @@ def _from_flag(spec: str, alone: bool, settings: Settings) -> ModelConfig:
         raise NamedSettingsError(
             f"--model {spec!r}: the name {name!r} must be 1-64 of A-Z a-z 0-9 . _ - starting with a letter or digit"
         )
-    elif not source:
-        raise NamedSettingsError(f"--model {spec!r}: names no source after '='")
-    return ModelConfig(name, source, settings)
+    # NAME= (no source): the default model, under that name.
+    return ModelConfig(name, source or None, settings)
 
 
 def _with_overrides(settings: Settings, overrides: dict[str, Any], where: str) -> Settings:
     """``settings`` with a models file's values, each parsed by its setting's own parser."""
-    fields = {f.name: f for f in dataclasses.fields(Settings)}
+    fields = {f.name: f for f in setting_fields()}
     values: dict[str, Any] = {}
     for key, raw in overrides.items():
         text = ("true" if raw else "false") if isinstance(raw, bool) else str(raw)
@@ -102,7 +100,10 @@ def _with_overrides(settings: Settings, overrides: dict[str, Any], where: str) -
             values[key] = fields[key].metadata["parse"](text)
         except ValueError as exc:
             raise NamedSettingsError(f"{where}: {key}: invalid value {raw!r} ({exc})") from None
-    own = dataclasses.replace(settings, **values)
+    # The model's own values and the server's written ones are fixed; every other default moves
+    # to fit them afresh (a server-wide default that followed --max-queue 8 does not bind a model
+    # whose file entry sets max_queue: 512).
+    own = settings_from({name: getattr(settings, name) for name in settings.given} | values)
     for first, second, reason in contradictions(own):
         raise NamedSettingsError(
             f"{where}: {first}={getattr(own, first)!r} contradicts {second}={getattr(own, second)!r}: {reason}"

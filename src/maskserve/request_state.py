@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .errors import MaskserveError
+from .service import ServedModel
 from .traces import NO_TRACE, RequestTrace
 from .work_queue import Answer
 
@@ -30,8 +31,11 @@ class RequestState:
     # Its trace (the tracing stage's when tracing is on), and the trace id for the access log.
     trace: RequestTrace = NO_TRACE
     trace_id: str | None = None
-    # The served model its route named, once resolved (handling.served_model); "" for routes that
-    # name none and for unknown names, so that the metrics' model label stays the served names.
+    # The served model its route (or a page's form) named, resolved once (handling.served_model):
+    # the door admits on it and the handler answers with it.
+    served: ServedModel | None = None
+    # That model's name; "" for routes that name none and for unknown names, so that the metrics'
+    # model label stays the served names.
     model: str = ""
     # How each of its texts was served, for the queue-wait metric.
     answers: list[Answer] = field(default_factory=list)

@@ -193,7 +193,8 @@ class Settings:
     model: tuple[str, ...] = _setting(
         (),
         _model_sources,
-        "A model to serve: a local directory or hub id, as NAME=SOURCE to name it. Repeat it to serve "
+        "A model to serve: a local directory or hub id, as NAME=SOURCE to name it (NAME= names the default "
+        "model). Repeat it to serve "
         "several models from one server, one inference thread shared fairly between them; the first "
         "is the default model (POST /). A bare SOURCE is named by its folder or hub name (with one "
         "model, by --model-name). Default: the small BERT shipped in maskserve[demo]. The variable "
@@ -312,10 +313,12 @@ class Settings:
         "whole text decoded again (its 'sequence'), so this bounds the work after the forward pass.",
     )
     max_score_tokens: int = _setting(
-        64,
+        256,
         _positive_int,
-        "Most tokens POST /score scores in one text. Each token is one masked copy of the whole text, "
-        "queued and read like a text of its own, so a text's cost grows with the square of its length.",
+        "Most tokens POST /score scores in one text: a paragraph by default. Each token is one masked "
+        "copy of the whole text, queued and read like a text of its own, so a text's cost grows with "
+        "the square of its length; admission weighs that cost as measured, and a request that could not "
+        "end within --request-timeout here is refused (422 request_too_costly) before any work.",
     )
     max_word_copies: int = _setting(
         64,
@@ -443,6 +446,11 @@ class Settings:
         "browser, or * for any. Empty = CORS off.",
     )
 
+    # The names of the settings the user wrote (a flag, a variable, a models file's entry), as
+    # opposed to defaults: only these are held fixed when a default moves to fit (settings_from).
+    # Not a setting: no flag, no variable, and no part of equality.
+    given: frozenset[str] = field(default=frozenset(), compare=False)
+
     @property
     def max_text_predictions(self) -> int:
         """The most predictions one text may ask for: its masks x top_k, within a request's limit."""
@@ -476,7 +484,8 @@ class Settings:
         return self.threads == 0
 
 
-def _flag_name(name: str) -> str:
+def flag_name(name: str) -> str:
+    """A setting's flag: max_queue -> --max-queue."""
     return "--" + name.replace("_", "-")
 
 
@@ -494,7 +503,7 @@ def env_names(f: dataclasses.Field[Any]) -> tuple[str, ...]:
 
 def flag_names(f: dataclasses.Field[Any]) -> tuple[str, ...]:
     """The flags that set a field: its own, then its older names (kept working)."""
-    return (_flag_name(f.name), *(_flag_name(alias) for alias in f.metadata.get("aliases", ())))
+    return (flag_name(f.name), *(flag_name(alias) for alias in f.metadata.get("aliases", ())))
 
 
 def _parse(f: dataclasses.Field[Any], raw: str, origin: str) -> Any:
@@ -555,7 +564,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"{ENV_PREFIX}<FLAG> from the environment (e.g. {ENV_PREFIX}PORT).",
     )
     parser.add_argument("--version", action="version", version=f"maskserve {__version__}")
-    fields = {f.name: f for f in dataclasses.fields(Settings)}
+    fields = {f.name: f for f in setting_fields()}
     for title, names in GROUPS.items():
         group = parser.add_argument_group(title)
         for name in names:
@@ -563,66 +572,137 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def follows_note(name: str) -> str:
+    """How a limit's default moves to fit the ones the user sets (:data:`BOUNDS`), for ``--help``
+    and the docs; "" for a setting whose default never moves."""
+    lowers = [flag_name(b.lower) for b in BOUNDS if b.upper == name]
+    uppers = [flag_name(b.upper) for b in BOUNDS if b.lower == name]
+    if lowers:
+        return f"or the largest of {', '.join(lowers)} you set, if larger"
+    if uppers:
+        return f"or the smallest of {', '.join(uppers)} you set, if smaller"
+    return ""
+
+
+def _default_help(f: dataclasses.Field[Any]) -> str:
+    note = follows_note(f.name)
+    return f"default {f.default!r}" + (f", {note}" if note else "")
+
+
 def _add_flags(group: argparse._ArgumentGroup, f: dataclasses.Field[Any]) -> None:
-    help_text = f"{f.metadata['help']} [env {' or '.join(env_names(f))}; default {f.default!r}]"
+    help_text = f"{f.metadata['help']} [env {' or '.join(env_names(f))}; {_default_help(f)}]"
     if f.metadata.get("flag_kind") == "bool":
         group.add_argument(
-            _flag_name(f.name), dest=f.name, default=None, action=argparse.BooleanOptionalAction, help=help_text
+            flag_name(f.name), dest=f.name, default=None, action=argparse.BooleanOptionalAction, help=help_text
         )
     elif f.metadata.get("flag_kind") == "append":
         group.add_argument(
-            _flag_name(f.name), dest=f.name, default=None, action="append", metavar="VALUE", help=help_text
+            flag_name(f.name), dest=f.name, default=None, action="append", metavar="VALUE", help=help_text
         )
     else:
-        group.add_argument(_flag_name(f.name), dest=f.name, default=None, metavar="VALUE", help=help_text)
+        group.add_argument(flag_name(f.name), dest=f.name, default=None, metavar="VALUE", help=help_text)
     for alias in f.metadata.get("aliases", ()):
         # Its own destination, so that an error names the flag the operator typed.
         group.add_argument(
-            _flag_name(alias), dest=f"{f.name}:{alias}", default=None, metavar="VALUE", help=f"= {_flag_name(f.name)}"
+            flag_name(alias), dest=f"{f.name}:{alias}", default=None, metavar="VALUE", help=f"= {flag_name(f.name)}"
         )
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Two limits of which ``lower`` may not exceed ``upper``, and why.
+
+    A user who sets one of them alone gets the other's default moved to fit (see
+    :func:`settings_from`): one setting changed is one setting written. Only values the user wrote
+    can contradict each other, and start-up refuses that (exit 2), naming both.
+    """
+
+    lower: str
+    upper: str
+    why: str
+
+
+BOUNDS: tuple[Bound, ...] = (
+    Bound(
+        "max_inputs",
+        "max_queue",
+        "a request of more texts than the queue holds would be admitted by the limits and then refused 503 "
+        "forever, since the queue can never hold it",
+    ),
+    Bound(
+        "max_score_tokens",
+        "max_queue",
+        "each scored token is one queued copy of its text, so a text at the limit could never be queued",
+    ),
+    Bound(
+        "max_word_copies",
+        "max_queue",
+        "each whole-word copy is one queued text, so a request at the limit could never be queued",
+    ),
+    Bound("default_top_k", "max_top_k", "a request that names no top_k would ask for more than any request may"),
+    Bound("default_top_k", "max_predictions", "a request of one text and one mask would already ask for too many"),
+    Bound(
+        "max_response_bytes",
+        "max_unsent_bytes",
+        "an answer of the largest size would not fit under the bound even alone, so every reader of one "
+        "would be cut to make room for the next",
+    ),
+)
+# A limit is the lower of some bounds or the upper of others, never both: so following needs one
+# pass that raises uppers and one that lowers lowers, in that order, and never a fixed point.
+assert not {b.lower for b in BOUNDS} & {b.upper for b in BOUNDS}, "a limit both lower and upper: this is a bug"
+
+
+def setting_fields() -> tuple[dataclasses.Field[Any], ...]:
+    """The fields that are settings (each a flag and a variable): all but :attr:`Settings.given`."""
+    return tuple(f for f in dataclasses.fields(Settings) if "parse" in f.metadata)
+
+
+def settings_from(given: Mapping[str, Any]) -> Settings:
+    """The settings the user ``given`` (values by name, already parsed), the rest at their defaults,
+    each default bounded by a user's value moved to fit it (:data:`BOUNDS`).
+
+    An upper limit the user left alone rises to the largest lower one they set (``--max-inputs 300``
+    raises the queue to 300); then a lower limit left alone takes the largest value its uppers allow
+    (``--max-queue 8`` brings ``--max-inputs``, ``--max-score-tokens`` and ``--max-word-copies`` to 8).
+    ``max_batch_delay`` and ``request_timeout`` never move: the timeout is the wait promised to every
+    client, not a capacity, and the delay's default (0) fits every timeout.
+    """
+    values = {f.name: f.default for f in setting_fields()} | dict(given)
+    for bound in BOUNDS:
+        if bound.lower in given and bound.upper not in given:
+            values[bound.upper] = max(values[bound.upper], values[bound.lower])
+    for bound in BOUNDS:
+        if bound.lower not in given:
+            values[bound.lower] = min(values[bound.lower], values[bound.upper])
+    return Settings(**values, given=frozenset(given))
+
+
+def followed(settings: Settings) -> dict[str, str]:
+    """The limits whose default moved to fit a value the user set: each name, and the setting it follows."""
+    defaults = {f.name: f.default for f in setting_fields()}
+    moved: dict[str, str] = {}
+    for bound in BOUNDS:
+        for name, other in ((bound.lower, bound.upper), (bound.upper, bound.lower)):
+            value = getattr(settings, name)
+            if name not in settings.given and value != defaults[name] and value == getattr(settings, other):
+                moved.setdefault(name, other)
+    return moved
 
 
 def contradictions(settings: Settings) -> Iterator[tuple[str, str, str]]:
     """``(setting, other setting, why)`` for each pair of values that cannot both hold.
 
     Each would start a server that misbehaves only later, under load or for one kind of request:
-    start-up refuses it instead (exit 2), naming both settings. Pairs that involve the middleware
-    chain are checked by the layer that builds it (see ``checks`` in :func:`load_settings`).
+    start-up refuses it instead (exit 2), naming both settings. Built by :func:`settings_from`, only
+    values the user wrote can contradict. Pairs that involve the middleware chain are checked by the
+    layer that builds it (see ``checks`` in :func:`load_settings`).
     """
-    if settings.max_inputs > settings.max_queue:
-        yield (
-            "max_inputs",
-            "max_queue",
-            (
-                f"a request of more than {settings.max_queue} texts would be admitted by the limits and then "
-                "refused 503 forever, since the queue can never hold it"
-            ),
-        )
-    if settings.max_score_tokens > settings.max_queue:
-        yield (
-            "max_score_tokens",
-            "max_queue",
-            "each scored token is one queued copy of its text, so a text at the limit could never be queued",
-        )
-    if settings.max_word_copies > settings.max_queue:
-        yield (
-            "max_word_copies",
-            "max_queue",
-            "each whole-word copy is one queued text, so a request at the limit could never be queued",
-        )
-    if settings.default_top_k > settings.max_top_k:
-        yield "default_top_k", "max_top_k", "a request that names no top_k would ask for more than any request may"
-    if settings.default_top_k > settings.max_predictions:
-        yield "default_top_k", "max_predictions", "a request of one text and one mask would already ask for too many"
+    for bound in BOUNDS:
+        if getattr(settings, bound.lower) > getattr(settings, bound.upper):
+            yield bound.lower, bound.upper, bound.why
     if settings.max_batch_delay >= settings.request_timeout:
         yield "max_batch_delay", "request_timeout", "a request could time out waiting for others to batch with"
-    if settings.max_unsent_bytes < settings.max_response_bytes:
-        yield (
-            "max_unsent_bytes",
-            "max_response_bytes",
-            "an answer of the largest size would not fit under the bound even alone, so every reader of one "
-            "would be cut to make room for the next",
-        )
 
 
 # A check of the settings by a higher layer, handed down at start-up (the middleware chain is
@@ -645,13 +725,13 @@ def load_settings(
     args = build_parser().parse_args(list(argv) if argv is not None else [])
     values: dict[str, Any] = {}
     origins: dict[str, str] = {}  # the flag or variable each value came from, for error messages
-    for f in dataclasses.fields(Settings):
-        given, flag = getattr(args, f.name), _flag_name(f.name)
+    for f in setting_fields():
+        given, flag = getattr(args, f.name), flag_name(f.name)
         for alias in f.metadata.get("aliases", ()):
             if given is None and getattr(args, f"{f.name}:{alias}") is not None:
-                given, flag = getattr(args, f"{f.name}:{alias}"), _flag_name(alias)
+                given, flag = getattr(args, f"{f.name}:{alias}"), flag_name(alias)
         if isinstance(given, bool):
-            values[f.name], origins[f.name] = given, _flag_name(f.name)
+            values[f.name], origins[f.name] = given, flag_name(f.name)
         elif isinstance(given, list):  # a repeatable flag: each occurrence parsed on its own
             values[f.name] = tuple(item for raw in given for item in _parse(f, raw, flag))
             origins[f.name] = flag
@@ -661,11 +741,11 @@ def load_settings(
             variable = next((name for name in env_names(f) if name in environ), None)
             if variable is not None:
                 values[f.name], origins[f.name] = _parse(f, environ[variable], variable), variable
-    settings = Settings(**values)
+    settings = settings_from(values)
     for first, second, reason in contradictions(settings):
 
         def named(name: str) -> str:
-            shown = f"{origins.get(name, _flag_name(name))}={getattr(settings, name)!r}"
+            shown = f"{origins.get(name, flag_name(name))}={getattr(settings, name)!r}"
             return shown if name in origins else f"{shown} (the default)"
 
         raise SettingsError(f"{named(first)} contradicts {named(second)}: {reason}")

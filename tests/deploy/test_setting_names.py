@@ -7,13 +7,12 @@ silently leave the default in force. The names come from the Settings dataclass 
 from __future__ import annotations
 
 import configparser
-import dataclasses
 import re
 from pathlib import Path
 
 import pytest
 
-from maskserve.settings import ENV_PREFIX, Settings
+from maskserve.settings import ENV_PREFIX, setting_fields
 from maskserve.settings import env_names as variables_of
 
 from . import containerfile
@@ -24,7 +23,7 @@ pytestmark = pytest.mark.deploy
 ROOT = Path(__file__).resolve().parents[2]
 VARIABLE = re.compile(r"\bMASKSERVE_[A-Z][A-Z0-9_]*")
 # Every variable a setting reads, its older names included (MASKSERVE_TORCH_THREADS).
-SETTINGS = {name for f in dataclasses.fields(Settings) for name in variables_of(f) if name.startswith(ENV_PREFIX)}
+SETTINGS = {name for f in setting_fields() for name in variables_of(f) if name.startswith(ENV_PREFIX)}
 
 
 def maskserve_variables(names: set[str]) -> set[str]:
