@@ -52,8 +52,8 @@ def log_followed_defaults(settings: Settings) -> None:
     for config in model_configs(settings):
         for name, other in followed(config.settings).items():
             if config.settings is not settings and (name, other) not in moved.items():
-                shown = (config.name, name, getattr(config.settings, name), other, getattr(config.settings, other))
-                log.info("model %r: %s is %r: its default follows %s=%r", *shown)
+                own = (config.name, name, getattr(config.settings, name), other, getattr(config.settings, other))
+                log.info("model %r: %s is %r: its default follows %s=%r", *own)
 
 
 def _load_and_serve(settings: Settings) -> int:

@@ -19,7 +19,7 @@ from .settings import Settings, followed
 
 Section = dict[str, str | int | float | bool | None]
 # A served model's section in the "models" list: its own, with its batching and limits nested.
-ModelEntry = dict[str, str | int | float | bool | Section | dict[str, str] | None]
+ModelEntry = dict[str, str | int | float | bool | Section | None]
 
 
 def model_section(model: FillMaskModel | None, name: str) -> Section | None:
@@ -79,6 +79,11 @@ def limits_section(settings: Settings) -> Section:
     }
 
 
+def followed_section(settings: Settings) -> Section:
+    """Each limit the user left alone whose default moved to fit one they set, and that setting."""
+    return {name: other for name, other in followed(settings).items()}
+
+
 def models_list(served: Sequence[tuple[str, Settings, FillMaskModel | None]]) -> list[ModelEntry]:
     """Every served model by name, the default first: how it runs, its queue bound, its batching and limits."""
     entries: list[ModelEntry] = []
@@ -87,7 +92,7 @@ def models_list(served: Sequence[tuple[str, Settings, FillMaskModel | None]]) ->
         entry: ModelEntry = {**section, "quantize": settings.quantize, "max_queue": settings.max_queue}
         entry["batching"] = batching_section(settings)
         entry["limits"] = limits_section(settings)
-        entry["defaults_followed"] = dict(followed(settings))
+        entry["defaults_followed"] = followed_section(settings)
         entries.append(entry)
     return entries
 
@@ -97,7 +102,7 @@ def server_info(
     model: FillMaskModel | None,
     middleware: tuple[str, ...] = (),
     served: Sequence[tuple[str, Settings, FillMaskModel | None]] | None = None,
-) -> dict[str, Section | dict[str, str] | list[str] | list[ModelEntry] | None]:
+) -> dict[str, Section | list[str] | list[ModelEntry] | None]:
     """The server's description; ``model`` is the default model, ``served`` every model (name,
     settings, engine once loaded), the default alone when not given."""
     description = describe_model(model) if model is not None else {}
@@ -130,7 +135,7 @@ def server_info(
         "limits": limits_section(settings),
         # Each limit the user left alone whose default moved to fit one they set, and that setting
         # (--max-queue 8: {"max_inputs": "max_queue", ...}); the values are in the sections above.
-        "defaults_followed": dict(followed(settings)),
+        "defaults_followed": followed_section(settings),
         "versions": {
             "maskserve": __version__,
             "torch": description.get("torch_version"),

@@ -668,7 +668,7 @@ def settings_from(given: Mapping[str, Any]) -> Settings:
     ``max_batch_delay`` and ``request_timeout`` never move: the timeout is the wait promised to every
     client, not a capacity, and the delay's default (0) fits every timeout.
     """
-    values = {f.name: f.default for f in setting_fields()} | dict(given)
+    values: dict[str, Any] = {f.name: f.default for f in setting_fields()} | dict(given)
     for bound in BOUNDS:
         if bound.lower in given and bound.upper not in given:
             values[bound.upper] = max(values[bound.upper], values[bound.lower])
