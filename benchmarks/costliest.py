@@ -263,7 +263,8 @@ def report(figures: dict[str, Any], command: str) -> str:
             f"{figures['livez_p50_ms']:.1f} / {figures['livez_p99_ms']:.1f} / {figures['livez_max_ms']:.1f} ms |",
             "",
             "The costliest admitted scoring request (`POST /score`): "
-            f"{len(score_body['inputs'])} texts of {DEFAULTS.max_score_tokens} scored tokens "
+            f"{len(score_body['inputs'])} text{'s' if len(score_body['inputs']) != 1 else ''} of "
+            f"{DEFAULTS.max_score_tokens} scored tokens "
             f"(`--max-score-tokens`), metric `{score_body['parameters']['metric']}` with every token's score: "
             f"{DEFAULTS.max_queue} masked copies of {DEFAULTS.max_score_tokens + 2} tokens, the whole queue "
             "(`--max-queue`), so none other is admitted beside it.",
