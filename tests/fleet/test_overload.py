@@ -28,7 +28,7 @@ import pytest
 
 from benchmarks.costliest import Prober, costliest_body, post_json
 from benchmarks.haproxy import HAProxy
-from maskserve.settings import Settings
+from maskserve.settings import Settings, load_settings
 
 from .fleet import (
     REPLICA_ARGS,
@@ -60,9 +60,8 @@ MAX_ATTEMPTS = 100
 
 
 def replica_settings() -> Settings:
-    """The limits the fleet's replicas run with (tests/fleet/fleet.py)."""
-    args = dict(zip(REPLICA_ARGS[::2], REPLICA_ARGS[1::2]))
-    return Settings(max_queue=int(args["--max-queue"]), max_inputs=int(args["--max-inputs"]))
+    """The limits the fleet's replicas run with (tests/fleet/fleet.py), read from their flags as they read them."""
+    return load_settings(list(REPLICA_ARGS), env={})
 
 
 @dataclass
