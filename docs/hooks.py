@@ -134,9 +134,9 @@ def layers_table() -> str:
 def openapi_document() -> dict[str, Any]:
     """The document GET /openapi.json serves with the default settings."""
     from maskserve.openapi import openapi_document as build
-    from maskserve.routes import ROUTE_ROLES, served_operations
+    from maskserve.routes import ROUTE_ROLES
 
-    return build(Settings(), ROUTE_ROLES, served_operations())
+    return build(Settings(), ROUTE_ROLES)
 
 
 def _demote(markdown: str, levels: int) -> str:

@@ -32,7 +32,7 @@ import maskserve
 from maskserve.app import create_app
 from maskserve.engine import FillMaskEngine
 from maskserve.openapi import openapi_document
-from maskserve.routes import ROUTE_ROLES, served_operations
+from maskserve.routes import ROUTE_ROLES
 from maskserve.settings import Settings
 
 from .live_server import serve_in_thread
@@ -48,7 +48,7 @@ FUZZ = settings(
 pytestmark = pytest.mark.fuzz
 
 SETTINGS = Settings(max_body_bytes=64 * 1024, max_text_chars=2000, max_inputs=8, max_top_k=20, max_targets=8)
-DOCUMENT = openapi_document(SETTINGS, ROUTE_ROLES, served_operations())
+DOCUMENT = openapi_document(SETTINGS, ROUTE_ROLES)
 ERROR_SCHEMA = {**DOCUMENT["components"]["schemas"]["Error"], "$defs": {}}
 RESPONSE_VALIDATOR = jsonschema.Draft202012Validator(
     {"$ref": "#/components/schemas/FillMaskResponse", "components": DOCUMENT["components"]}

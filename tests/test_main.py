@@ -123,6 +123,16 @@ def test_a_small_queue_set_alone_starts_and_the_limits_it_bounds_follow_it(
         assert log.count(f"{flag} is 8: its default follows --max-queue=8") == 1, log
 
 
+@pytest.mark.slow
+def test_a_name_with_no_source_serves_the_default_model_under_that_name(tmp_path: Path) -> None:
+    with maskserve_process("--model", "small=", log_dir=tmp_path) as server:
+        answer = post_raw(server.url + "/models/small", b"Paris is the [MASK] of France.")
+        with urllib.request.urlopen(server.url + "/info", timeout=30) as response:
+            info = json.loads(response.read())
+    assert answer[0]["token_str"] == "city"
+    assert [model["name"] for model in info["models"]] == ["small"] and info["model"]["name"] == "small"
+
+
 # A stop during the load must not wait for the load to end: with the default model the rest of
 # the load (the weights, the checks, the warm-up) takes longer than this, on 2 busy cores too.
 EXITS_AT_ONCE_S = 3.0

@@ -2,15 +2,14 @@
 
 Written in code rather than kept as a file, so the numbers in it (``maxItems``, ``maximum``, the
 body size) are the ones this server enforces, and the request body schema is the very one the
-parser validates with (:func:`maskserve.schemas.request_schema`). Its paths and operation ids are
-the router's own (:func:`router_operations`): each operation is written here under its route's name,
-and a route served but not documented, or documented but not served, fails the document.
-``tests/test_openapi.py`` checks that, and that real responses validate against it.
+parser validates with (:func:`maskserve.schemas.request_schema`). Each operation is written here
+once; the route table (``routes.py``) names the one each route serves, and hands the table down on
+the service, so the document's paths, methods and operation ids are the router's own by
+construction. ``tests/test_openapi.py`` checks that, and that real responses validate against it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
@@ -23,33 +22,13 @@ from .oip_schemas import DATATYPE, HEADER_LENGTH, INPUT_NAME, OUTPUT_NAME
 from .openapi_schemas import JSON, Schema, component_schemas, error, header, ok, ref, retry_after, timing_headers
 from .score_schemas import DEFAULT_METRIC
 from .scoring import METRICS
-from .service import RouteRoles
+from .service import Describe, RouteRoles
 from .settings import Settings
 
 OPENAPI_VERSION = "3.1.0"
 HTML = "text/html"
 # The Prometheus text exposition format, as prometheus_client names it.
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
-
-# One served operation: its method (lower case, as OpenAPI writes it), its path template, and its
-# route's name, which is its operationId.
-Operation = tuple[str, str, str]
-
-
-def router_operations(router: web.UrlDispatcher) -> list[Operation]:
-    """Every operation ``router`` serves, in its order; a static prefix serves the files below it."""
-    operations: list[Operation] = []
-    for route in router.routes():
-        if route.method == "HEAD":  # aiohttp adds HEAD beside every GET: not documented apart
-            continue
-        resource = route.resource
-        if resource is None or resource.name is None:
-            raise ValueError(f"{route.method} {route} has no name, so no operationId; name it in routes.py")
-        path = resource.canonical
-        if isinstance(resource, web.StaticResource):
-            path += "/{filename}"
-        operations.append((route.method.lower(), path, resource.name))
-    return operations
 
 
 def _body_refusals(settings: Settings, what: str) -> dict[str, Schema]:
@@ -268,36 +247,6 @@ def _versioned(operation: Schema) -> Schema:
     return versioned
 
 
-def _oip_operations(settings: Settings, mask_token: str) -> dict[str, Schema]:
-    """The Open Inference Protocol's operations, by route name."""
-    not_found = {"404": error("No model of that name is served.")}
-    server_metadata = {
-        "summary": "Open Inference Protocol: server metadata",
-        "tags": ["open inference protocol"],
-        "responses": {"200": ok("Who serves.", JSON, ref("ServerMetadata"))},
-    }
-    model_metadata = {
-        "summary": "Open Inference Protocol: model metadata",
-        "tags": ["open inference protocol"],
-        "parameters": [MODEL_PARAMETER],
-        "responses": {"200": ok("The model's tensors.", JSON, ref("ModelMetadata"))} | not_found,
-    }
-    model_ready = _oip_probe("Open Inference Protocol: model ready", per_model=True)
-    infer = _oip_infer(settings, mask_token)
-    return {
-        "oip_server_metadata": server_metadata,
-        "oip_server_metadata_slash": server_metadata,
-        "oip_server_live": _oip_probe("Open Inference Protocol: server live (as /livez)"),
-        "oip_server_ready": _oip_probe("Open Inference Protocol: server ready (as /readyz)"),
-        "oip_model_metadata": model_metadata,
-        "oip_model_metadata_version": _versioned(model_metadata),
-        "oip_model_ready": model_ready,
-        "oip_model_ready_version": _versioned(model_ready),
-        "oip_infer": infer,
-        "oip_infer_version": _versioned(infer),
-    }
-
-
 def _demo(settings: Settings) -> Schema:
     form = {
         "type": "object",
@@ -399,89 +348,138 @@ def _demo_redirect() -> Schema:
     }
 
 
-def _operations(settings: Settings, mask_token: str) -> dict[str, Schema]:
-    """Every documented operation, by the name of the route that serves it (its operationId)."""
-    not_found = {"404": error("No such path.")}
-    return {
-        "fill_mask": _fill_mask(settings, mask_token),
-        "fill_mask_model": _for_model(_fill_mask(settings, mask_token), "`POST /`"),
-        "score": _score(settings),
-        "score_model": _for_model(_score(settings), "`POST /score`"),
-        "index": {
-            "summary": "The demo page; ?text= and ?top_k= fill in the form without running the model",
-            "tags": ["demo"],
-            "parameters": [
-                {"name": "text", "in": "query", "required": False, "schema": {"type": "string"}},
-                {"name": "top_k", "in": "query", "required": False, "schema": {"type": "string"}},
-            ],
-            "responses": {"200": ok("The page.", HTML, {"type": "string"})},
-        },
-        "demo": _demo(settings),
-        "demo_redirect": _demo_redirect(),
-        "demo_score": _demo_score(settings),
-        "demo_score_redirect": _demo_redirect(),
-        "static": {
-            "summary": "The demo page's own CSS and JavaScript",
-            "tags": ["demo"],
-            "parameters": [{"name": "filename", "in": "path", "required": True, "schema": {"type": "string"}}],
-            "responses": {
-                "200": {
-                    "description": "The file.",
-                    # The JavaScript's type depends on the platform's mimetypes table.
-                    "content": {
-                        kind: {"schema": {"type": "string"}}
-                        for kind in ("text/css", "text/javascript", "application/javascript")
-                    },
+# -- each route's operation: the route table (routes.py) names one of these for each route ---------
+
+
+def fixed(operation: Schema) -> Describe:
+    """An operation that does not depend on the settings or the model."""
+    return lambda settings, mask_token: operation
+
+
+def fill_mask_doc(settings: Settings, mask_token: str) -> Schema:
+    return _fill_mask(settings, mask_token)
+
+
+def score_doc(settings: Settings, mask_token: str) -> Schema:
+    return _score(settings)
+
+
+def for_model(describe: Describe, what: str) -> Describe:
+    """``describe`` (an operation on the default model) for the model its path names."""
+    return lambda settings, mask_token: _for_model(describe(settings, mask_token), what)
+
+
+def versioned(describe: Describe) -> Describe:
+    """``describe`` on the path that also names the model's version."""
+    return lambda settings, mask_token: _versioned(describe(settings, mask_token))
+
+
+def demo_doc(settings: Settings, mask_token: str) -> Schema:
+    return _demo(settings)
+
+
+def demo_score_doc(settings: Settings, mask_token: str) -> Schema:
+    return _demo_score(settings)
+
+
+def oip_infer_doc(settings: Settings, mask_token: str) -> Schema:
+    return _oip_infer(settings, mask_token)
+
+
+INDEX_DOC = fixed(
+    {
+        "summary": "The demo page; ?text= and ?top_k= fill in the form without running the model",
+        "tags": ["demo"],
+        "parameters": [
+            {"name": "text", "in": "query", "required": False, "schema": {"type": "string"}},
+            {"name": "top_k", "in": "query", "required": False, "schema": {"type": "string"}},
+        ],
+        "responses": {"200": ok("The page.", HTML, {"type": "string"})},
+    }
+)
+DEMO_REDIRECT_DOC = fixed(_demo_redirect())
+STATIC_DOC = fixed(
+    {
+        "summary": "The demo page's own CSS and JavaScript",
+        "tags": ["demo"],
+        "parameters": [{"name": "filename", "in": "path", "required": True, "schema": {"type": "string"}}],
+        "responses": {
+            "200": {
+                "description": "The file.",
+                # The JavaScript's type depends on the platform's mimetypes table.
+                "content": {
+                    kind: {"schema": {"type": "string"}}
+                    for kind in ("text/css", "text/javascript", "application/javascript")
                 },
-            }
-            | not_found,
+            },
+            "404": error("No such path."),
         },
-        "livez": _probe(
-            "Liveness: 503 only when a forward pass is stuck or the batch loop died",
-            "Restart the process when this fails; a busy server is alive.",
-        ),
-        "readyz": _probe(
-            "Readiness: 503 while loading, draining, or stuck; never because of load",
-            "Send no traffic here while this fails. Load is answered at the door, request by request.",
-        ),
-        "metrics": {
-            "summary": "Prometheus metrics",
-            "tags": ["operations"],
-            "responses": {"200": ok("The exposition.", PROMETHEUS, {"type": "string"})},
+    }
+)
+LIVEZ_DOC = fixed(
+    _probe(
+        "Liveness: 503 only when a forward pass is stuck or the batch loop died",
+        "Restart the process when this fails; a busy server is alive.",
+    )
+)
+READYZ_DOC = fixed(
+    _probe(
+        "Readiness: 503 while loading, draining, or stuck; never because of load",
+        "Send no traffic here while this fails. Load is answered at the door, request by request.",
+    )
+)
+METRICS_DOC = fixed(
+    {
+        "summary": "Prometheus metrics",
+        "tags": ["operations"],
+        "responses": {"200": ok("The exposition.", PROMETHEUS, {"type": "string"})},
+    }
+)
+INFO_DOC = fixed(
+    {
+        "summary": "The served model, the runtime, batching, breaker and limits, versions",
+        "tags": ["operations"],
+        "responses": {"200": ok("What is served and how.", JSON, ref("Info"))},
+    }
+)
+OPENAPI_DOC = fixed(
+    {
+        "summary": "This document",
+        "tags": ["operations"],
+        "responses": {"200": ok("The OpenAPI document.", JSON, {"type": "object"})},
+    }
+)
+OIP_SERVER_METADATA_DOC = fixed(
+    {
+        "summary": "Open Inference Protocol: server metadata",
+        "tags": ["open inference protocol"],
+        "responses": {"200": ok("Who serves.", JSON, ref("ServerMetadata"))},
+    }
+)
+OIP_SERVER_LIVE_DOC = fixed(_oip_probe("Open Inference Protocol: server live (as /livez)"))
+OIP_SERVER_READY_DOC = fixed(_oip_probe("Open Inference Protocol: server ready (as /readyz)"))
+OIP_MODEL_METADATA_DOC = fixed(
+    {
+        "summary": "Open Inference Protocol: model metadata",
+        "tags": ["open inference protocol"],
+        "parameters": [MODEL_PARAMETER],
+        "responses": {
+            "200": ok("The model's tensors.", JSON, ref("ModelMetadata")),
+            "404": error("No model of that name is served."),
         },
-        "info": {
-            "summary": "The served model, the runtime, batching, breaker and limits, versions",
-            "tags": ["operations"],
-            "responses": {"200": ok("What is served and how.", JSON, ref("Info"))},
-        },
-        "openapi": {
-            "summary": "This document",
-            "tags": ["operations"],
-            "responses": {"200": ok("The OpenAPI document.", JSON, {"type": "object"})},
-        },
-    } | _oip_operations(settings, mask_token)
+    }
+)
+OIP_MODEL_READY_DOC = fixed(_oip_probe("Open Inference Protocol: model ready", per_model=True))
 
 
-def openapi_document(
-    settings: Settings, roles: RouteRoles, served: Sequence[Operation], mask_token: str = "[MASK]"
-) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of the operations ``served`` (see :func:`router_operations`), with
-    ``settings``' limits.
-
-    Raises ``ValueError`` when a served route has no documented operation, or a documented one is
-    not served: the document and the router never drift apart.
-    """
-    documented = _operations(settings, mask_token)
-    unserved = documented.keys() - {name for _, _, name in served}
-    if unserved:
-        raise ValueError(f"documented but not served: {', '.join(sorted(unserved))}")
+def openapi_document(settings: Settings, roles: RouteRoles, mask_token: str = "[MASK]") -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the route table's operations (``roles.operations``, handed down
+    by routes.py), with ``settings``' limits and the model's ``mask_token`` in the examples."""
     paths: dict[str, dict[str, Schema]] = {}
-    for method, path, name in served:
-        if name not in documented:
-            raise ValueError(f"{method.upper()} {path} (route {name!r}) is served but not documented")
+    for route in roles.operations:
         # Each its own copy: operations that share a description still get their own id.
-        operation = {**documented[name], "operationId": name}
-        if settings.api_key and name not in roles.public:
+        operation = {**route.describe(settings, mask_token), "operationId": route.name}
+        if settings.api_key and route.name not in roles.public:
             operation["security"] = [{"bearer": []}]
             operation["responses"] = operation["responses"] | {
                 "401": error(
@@ -489,7 +487,7 @@ def openapi_document(
                     ("WWW-Authenticate", header("The Bearer challenge (RFC 6750).", required=True)),
                 )
             }
-        paths.setdefault(path, {})[method] = operation
+        paths.setdefault(route.path, {})[route.method] = operation
     document: dict[str, Any] = {
         "openapi": OPENAPI_VERSION,
         "info": {
@@ -518,5 +516,4 @@ async def openapi(request: web.Request) -> web.Response:
     service = service_of(request.app)
     default = service.default.parts
     mask_token = default.model.mask_token if default is not None else "[MASK]"
-    served = router_operations(request.app.router)
-    return web.json_response(openapi_document(service.settings, service.routes, served, mask_token))
+    return web.json_response(openapi_document(service.settings, service.routes, mask_token))

@@ -14,9 +14,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import Any
 
 from .admission import Admission
 from .batcher import Batcher
@@ -45,11 +46,26 @@ INLINE_TOKENIZE_CHARS = 512
 INLINE_DECODE_TOKENS = 4096
 
 
+# How a route's OpenAPI operation is written, from the settings' limits and the model's mask token.
+Describe = Callable[[Settings, str], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class RouteOperation:
+    """One route as the OpenAPI document lists it."""
+
+    method: str  # lower case, as OpenAPI writes it
+    path: str  # the path template; a static folder's with {filename}
+    name: str  # the route's name, its operationId
+    describe: Describe
+
+
 @dataclass(frozen=True)
 class RouteRoles:
-    """What the route table says of its routes, for the stages that treat some apart.
+    """What the route table says of its routes, for the stages that treat some apart and for the
+    OpenAPI document.
 
-    Handed down on the service, so no middleware imports the module that wires the app.
+    Handed down on the service, so no middleware or handler imports the module that wires the app.
     """
 
     # Route names that queue work for the model: admission may refuse these at the door, and only these.
@@ -59,6 +75,8 @@ class RouteRoles:
     # The demo page's forms: they queue work for the model as well, but ask admission themselves to
     # show a refusal inline, so the circuit-breaking stage leaves them to it.
     forms: frozenset[str] = frozenset()
+    # Every route, in the table's order, with its documented operation.
+    operations: tuple[RouteOperation, ...] = ()
 
     @property
     def model_work(self) -> frozenset[str]:
@@ -158,18 +176,6 @@ class FillMaskService:
         return served
 
     # The default model's parts, for callers that serve it alone.
-
-    @property
-    def parser(self) -> RequestParser:
-        return self.default.parser
-
-    @property
-    def oip_parser(self) -> InferRequestParser:
-        return self.default.oip_parser
-
-    @property
-    def score_parser(self) -> ScoreRequestParser:
-        return self.default.score_parser
 
     @property
     def model(self) -> FillMaskModel:
