@@ -42,6 +42,16 @@ def _body_refusals(settings: Settings, what: str) -> dict[str, Schema]:
     }
 
 
+def _model_work_refusals() -> dict[str, Schema]:
+    """What an operation that queues work for the model may answer besides its own: a failed pass,
+    a refusal at the door, a missed deadline."""
+    return {
+        "500": error("The model failed on this input (its batch neighbours were answered)."),
+        "503": error("Overloaded or shutting down: refused before the body is read.", retry_after()),
+        "504": error("The deadline passed before the answer was ready."),
+    }
+
+
 def _probe(summary: str, description: str) -> Schema:
     return {
         "summary": summary,
@@ -111,9 +121,7 @@ def _fill_mask(settings: Settings, mask_token: str) -> Schema:
             "400": error("The body is not UTF-8 or not JSON, or a header is unusable."),
             **_body_refusals(settings, "The body"),
             "422": error("Well-formed but unusable: no mask token, too long, a value out of range, unknown field."),
-            "500": error("The model failed on this input (its batch neighbours were answered)."),
-            "503": error("Overloaded or shutting down: refused before the body is read.", retry_after()),
-            "504": error("The deadline passed before the answer was ready."),
+            **_model_work_refusals(),
         },
     }
 
@@ -152,9 +160,7 @@ def _score(settings: Settings) -> Schema:
             "400": error("The body is not UTF-8 or not JSON, or a header is unusable."),
             **_body_refusals(settings, "The body"),
             "422": error("Well-formed but unusable: an empty text, too many tokens, an unknown metric or field."),
-            "500": error("The model failed on this input (its batch neighbours were answered)."),
-            "503": error("Overloaded or shutting down: refused before the body is read.", retry_after()),
-            "504": error("The deadline passed before the answer was ready."),
+            **_model_work_refusals(),
         },
     }
 
@@ -230,9 +236,7 @@ def _oip_infer(settings: Settings, mask_token: str) -> Schema:
             "404": error("No model of that name is served."),
             **_body_refusals(settings, "The body"),
             "422": error("Well-formed but unusable: the tensor's name, type or shape, no mask token, a value."),
-            "500": error("The model failed on this input (its batch neighbours were answered)."),
-            "503": error("Overloaded or shutting down: refused before the body is read.", retry_after()),
-            "504": error("The deadline passed before the answer was ready."),
+            **_model_work_refusals(),
         },
     }
 
