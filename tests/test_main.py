@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import socket
 import time
@@ -11,6 +12,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from maskserve.__main__ import log_followed_defaults
+from maskserve.settings import load_settings
 
 from .conftest import HAS_ONNXRUNTIME, HAS_OPENVINO, NO_ONNXRUNTIME, NO_OPENVINO
 from .live_server import maskserve_process, run_maskserve, start_maskserve
@@ -121,6 +125,21 @@ def test_a_small_queue_set_alone_starts_and_the_limits_it_bounds_follow_it(
     # Said once at start-up, each with the value it took and the one it follows.
     for flag in ("--max-inputs", "--max-score-tokens", "--max-word-copies"):
         assert log.count(f"{flag} is 8: its default follows --max-queue=8") == 1, log
+
+
+def test_the_start_up_log_says_each_moved_default_once_the_models_files_too(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    models = tmp_path / "models.yaml"
+    models.write_text("models:\n  - name: small\n    max_queue: 4\n", encoding="utf-8")
+    settings = load_settings(["--max-queue", "16", "--model", "big=", "--models-file", str(models)], env={})
+    with caplog.at_level(logging.INFO, logger="maskserve"):
+        log_followed_defaults(settings)
+    lines = [record.getMessage() for record in caplog.records]
+    assert lines.count("--max-score-tokens is 16: its default follows --max-queue=16") == 1
+    assert lines.count("model 'small': max_score_tokens is 4: its default follows max_queue=4") == 1
+    assert not any("'big'" in line for line in lines)  # a --model model runs on the server's settings
+    assert len(lines) == 6, lines
 
 
 @pytest.mark.slow

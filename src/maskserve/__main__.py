@@ -44,16 +44,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def log_followed_defaults(settings: Settings) -> None:
     """Say once, before any worker starts, which defaults moved to fit the limits the user set: the
-    server's, then each models-file model's own."""
-    moved = followed(settings)
-    for name, other in moved.items():
+    server's, then each models-file model's own (resolved afresh from its entry)."""
+    for name, other in followed(settings).items():
         shown = (flag_name(name), getattr(settings, name), flag_name(other), getattr(settings, other))
         log.info("%s is %r: its default follows %s=%r", *shown)
     for config in model_configs(settings):
+        if config.settings is settings:  # a --model model: the server's settings, said above
+            continue
         for name, other in followed(config.settings).items():
-            if config.settings is not settings and (name, other) not in moved.items():
-                own = (config.name, name, getattr(config.settings, name), other, getattr(config.settings, other))
-                log.info("model %r: %s is %r: its default follows %s=%r", *own)
+            own = (config.name, name, getattr(config.settings, name), other, getattr(config.settings, other))
+            log.info("model %r: %s is %r: its default follows %s=%r", *own)
 
 
 def _load_and_serve(settings: Settings) -> int:
