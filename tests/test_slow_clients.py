@@ -21,6 +21,8 @@ from .live_server import ServerProcess, maskserve_process
 PARIS = "Paris is the [MASK] of France."
 WORDS = "the quick brown fox jumps over a lazy dog while people walk in the park and talk about the weather".split()
 pytestmark = pytest.mark.slow
+# Tries of each large request before the baseline (bounded: a loop that stops itself).
+WARMUP_TRIES = 20
 
 
 @pytest.fixture(scope="module")
@@ -131,10 +133,18 @@ async def test_clients_that_never_read_a_large_answer_are_cut_and_the_memory_ret
     async with aiohttp.ClientSession() as session:
 
         async def answered_in_full() -> None:
-            async with session.post(
-                default_server.url + "/", data=body, headers={"Content-Type": "application/json"}
-            ) as r:
-                assert r.status == 200 and len(await r.read()) > 3_500_000
+            # On a busy machine the fourth at once may not fit its deadline behind the others: it is
+            # refused at the door (503) or runs out of time (504), and comes back, as a client would.
+            for _ in range(WARMUP_TRIES):
+                async with session.post(
+                    default_server.url + "/", data=body, headers={"Content-Type": "application/json"}
+                ) as r:
+                    if r.status in (503, 504):
+                        await asyncio.sleep(min(float(r.headers.get("Retry-After", "1")), 3.0))
+                        continue
+                    assert r.status == 200 and len(await r.read()) > 3_500_000
+                    return
+            raise AssertionError(f"a large request was refused {WARMUP_TRIES} times")
 
         # The server's working memory for such requests, reached before the baseline: as many at
         # once as its queue admits (4 x 64 texts), as the never-reading clients will send them. A
