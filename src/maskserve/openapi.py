@@ -64,7 +64,7 @@ def _probe(summary: str, description: str) -> Schema:
     }
 
 
-def _fill_mask(settings: Settings, mask_token: str) -> Schema:
+def fill_mask_doc(settings: Settings, mask_token: str) -> Schema:
     example = f"Paris is the {mask_token} of France."
     raw_text = {"schema": {"type": "string", "minLength": 1, "maxLength": settings.max_text_chars}, "example": example}
     return {
@@ -126,10 +126,10 @@ def _fill_mask(settings: Settings, mask_token: str) -> Schema:
     }
 
 
-def _score(settings: Settings) -> Schema:
+def score_doc(settings: Settings, mask_token: str) -> Schema:
     example = "Paris is the capital of France."
     raw_text = {"schema": {"type": "string", "minLength": 1, "maxLength": settings.max_text_chars}, "example": example}
-    fill_mask = _fill_mask(settings, "[MASK]")
+    fill_mask = fill_mask_doc(settings, "[MASK]")
     return {
         "summary": "Score texts by their pseudo-log-likelihood under the model",
         "description": (
@@ -197,7 +197,7 @@ def _oip_probe(summary: str, *, per_model: bool = False) -> Schema:
     return probe
 
 
-def _oip_infer(settings: Settings, mask_token: str) -> Schema:
+def oip_infer_doc(settings: Settings, mask_token: str) -> Schema:
     example = f"Paris is the {mask_token} of France."
     return {
         "summary": "Open Inference Protocol inference: texts in, each text's predictions out",
@@ -251,7 +251,7 @@ def _versioned(operation: Schema) -> Schema:
     return versioned
 
 
-def _demo(settings: Settings) -> Schema:
+def demo_doc(settings: Settings, mask_token: str) -> Schema:
     form = {
         "type": "object",
         "properties": {
@@ -305,7 +305,7 @@ def _for_model(operation: Schema, what: str) -> Schema:
     }
 
 
-def _demo_score(settings: Settings) -> Schema:
+def demo_score_doc(settings: Settings, mask_token: str) -> Schema:
     form = {
         "type": "object",
         "properties": {
@@ -360,14 +360,6 @@ def fixed(operation: Schema) -> Describe:
     return lambda settings, mask_token: operation
 
 
-def fill_mask_doc(settings: Settings, mask_token: str) -> Schema:
-    return _fill_mask(settings, mask_token)
-
-
-def score_doc(settings: Settings, mask_token: str) -> Schema:
-    return _score(settings)
-
-
 def for_model(describe: Describe, what: str) -> Describe:
     """``describe`` (an operation on the default model) for the model its path names."""
     return lambda settings, mask_token: _for_model(describe(settings, mask_token), what)
@@ -376,18 +368,6 @@ def for_model(describe: Describe, what: str) -> Describe:
 def versioned(describe: Describe) -> Describe:
     """``describe`` on the path that also names the model's version."""
     return lambda settings, mask_token: _versioned(describe(settings, mask_token))
-
-
-def demo_doc(settings: Settings, mask_token: str) -> Schema:
-    return _demo(settings)
-
-
-def demo_score_doc(settings: Settings, mask_token: str) -> Schema:
-    return _demo_score(settings)
-
-
-def oip_infer_doc(settings: Settings, mask_token: str) -> Schema:
-    return _oip_infer(settings, mask_token)
 
 
 INDEX_DOC = fixed(
