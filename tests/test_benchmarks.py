@@ -125,6 +125,7 @@ def test_length_sorting_keeps_every_sentence_and_orders_by_tokens(default_pipe: 
 
 
 @pytest.mark.slow
+@pytest.mark.load
 def test_one_run_measures_seed_maskserve_and_offline_and_renders_the_table(tmp_path: Path) -> None:
     pytest.importorskip("starlette", reason="the seed design needs the bench extra: pip install starlette uvicorn")
     pytest.importorskip("uvicorn", reason="the seed design needs the bench extra: pip install starlette uvicorn")
@@ -260,6 +261,7 @@ async def test_score_load_scores_each_sentence_once_through_the_real_app(
 
 
 @pytest.mark.slow
+@pytest.mark.load
 def test_one_score_run_measures_minicons_and_maskserve_and_checks_their_scores_agree(tmp_path: Path) -> None:
     pytest.importorskip("minicons", reason="the /score benchmark needs minicons: see benchmarks/score.py")
     from benchmarks.score import BATCH_SIZES, render, run_model, system_name
@@ -275,6 +277,7 @@ def test_one_score_run_measures_minicons_and_maskserve_and_checks_their_scores_a
 
 
 @pytest.mark.slow
+@pytest.mark.load
 def test_the_several_models_benchmark_runs_both_layouts_and_reports_ratios_and_memory(tmp_path: Path) -> None:
     from benchmarks import several_models
 

@@ -28,7 +28,7 @@ from maskserve.settings import Settings
 
 from .live_server import maskserve_process
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.load]
 
 DEFAULTS = Settings()
 NORMAL_CLIENTS = 8

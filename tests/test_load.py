@@ -21,6 +21,8 @@ import pytest
 
 from .live_server import start_maskserve, wait_until_ready
 
+pytestmark = pytest.mark.load
+
 # What a loaded machine adds to a request on the client's clock beyond the server's deadline.
 CLIENT_SLACK_S = 1.0
 TIMEOUT_S = 2.0

@@ -25,6 +25,8 @@ import pytest
 from .live_server import start_maskserve, wait_until_ready
 from .test_load import sentences
 
+pytestmark = pytest.mark.load
+
 SOAK_SECONDS = float(os.environ.get("MASKSERVE_SOAK_SECONDS", "20"))
 TIMEOUT_S = 2.0
 HANG_UP_SHARE = 0.1  # of requests whose client leaves mid-flight

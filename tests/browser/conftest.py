@@ -2,7 +2,7 @@
 
 Playwright drives ``/usr/bin/chromium`` (``.ci/ensure-chromium`` installs it): its own browser
 download does not work here, so ``playwright install`` is never run. Where Playwright itself is
-not installed (every env but ``tox -e browser``), these tests are not even collected.
+not installed (the lowest env), these tests are not even collected.
 """
 
 from __future__ import annotations
@@ -48,7 +48,10 @@ def artifacts() -> Path:
     return ARTIFACTS
 
 
-@pytest.fixture(scope="session")
+# The server and Chromium live as long as the browser tests (package scope), not the session: the
+# same pytest session goes on to the rest of the suite, which must not find Playwright's event
+# loop or an extra server still running.
+@pytest.fixture(scope="package")
 def server_url(artifacts: Path) -> Iterator[str]:
     """``python -m maskserve`` on the default model, on a free port, for the whole session."""
     server = start_maskserve(log_path=artifacts / "browser-server.log")
@@ -62,7 +65,7 @@ def server_url(artifacts: Path) -> Iterator[str]:
         server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Browser]:
     from playwright.sync_api import expect, sync_playwright
 

@@ -1,7 +1,7 @@
 """Three replicas for the whole fleet suite, a fresh HAProxy per test, and the expected answers.
 
-Only `tox -e fleet` selects these tests (marker `fleet`). The replicas start once (each start
-costs seconds of imports on 2 cores); every test leaves all three running, and `whole_fleet`
+Only the marker `fleet` selects these tests (`tox -e quick -- tests/fleet -m fleet`). The replicas
+start once (each start costs seconds of imports on 2 cores); every test leaves all three running, and `whole_fleet`
 restarts any that a failed test left down, so one failure does not cascade.
 """
 
