@@ -7,6 +7,7 @@ before the page is rendered:
     settings              every setting, one table per --help group (settings.GROUPS)
     errors                every error_type, walked from the error tree (errors.py)
     layers                the layer table of the package docstring (maskserve/__init__.py)
+    routes                every route of the route table (routes.ROUTES): method, path, what, who
     openapi               the OpenAPI document the server serves, rendered by essentials-openapi
     results FILE          a benchmark report from benchmarks/results/, its headings demoted
     file PATH             a file of the repository, as it is (CONTRIBUTING.md)
@@ -139,6 +140,27 @@ def openapi_document() -> dict[str, Any]:
     return build(Settings(), ROUTE_ROLES)
 
 
+# How the stages treat each role of the route table (routes.Role; None: the rest).
+ROLE_WORDS = {
+    "inference": "model work: refused at the door (503) when it cannot be served in time",
+    "form": "model work from a page form: a refusal is shown on the page",
+    "public": "open without the API key",
+    None: "needs the API key, when one is set",
+}
+
+
+def routes_table() -> str:
+    """Every route in the route table's order, with its OpenAPI summary and what its role means."""
+    from maskserve.routes import ROUTES
+
+    rows = ["| method | path | what | treated as |", "| --- | --- | --- | --- |"]
+    for route in ROUTES:
+        summary = route.describe(Settings(), "[MASK]")["summary"]
+        path = route.operation().path
+        rows.append(f"| `{route.method}` | `{path}` | {_cell(summary)} | {ROLE_WORDS[route.role]} |")
+    return "\n".join(rows)
+
+
 def _demote(markdown: str, levels: int) -> str:
     """Every ATX heading outside code fences ``levels`` deeper."""
     out, fenced = [], False
@@ -174,7 +196,13 @@ def repository_file(name: str) -> str:
 
 
 # The markers that take no argument, and those that take one.
-TABLES = {"settings": settings_tables, "errors": errors_table, "layers": layers_table, "openapi": openapi_markdown}
+TABLES = {
+    "settings": settings_tables,
+    "errors": errors_table,
+    "layers": layers_table,
+    "routes": routes_table,
+    "openapi": openapi_markdown,
+}
 FILES = {"results": results, "file": repository_file}
 
 

@@ -75,6 +75,17 @@ def test_the_errors_table_shows_every_error_type_once() -> None:
         assert f"| {cls.status} | `{cls.kind}` |" in table
 
 
+def test_the_generated_route_list_is_the_route_table() -> None:
+    from maskserve.routes import ROUTES
+
+    rows = hooks.routes_table().splitlines()[2:]
+    assert len(rows) == len(ROUTES)
+    for row, route in zip(rows, ROUTES, strict=True):
+        assert row.startswith(f"| `{route.method}` | `{route.operation().path}` |")
+        assert row.endswith(f"| {hooks.ROLE_WORDS[route.role]} |")
+    assert "<!-- generated: routes -->" in (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+
+
 def test_the_generated_layer_table_is_the_enforced_contract() -> None:
     assert [modules for modules, _ in hooks.docstring_layers()] == contract_layers()
     assert len(hooks.layers_table().splitlines()) == len(contract_layers()) + 2

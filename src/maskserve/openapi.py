@@ -428,7 +428,7 @@ INFO_DOC = fixed(
 )
 OPENAPI_DOC = fixed(
     {
-        "summary": "This document",
+        "summary": "The OpenAPI 3.1 document of every route, with this server's own limits",
         "tags": ["operations"],
         "responses": {"200": ok("The OpenAPI document.", JSON, {"type": "object"})},
     }
