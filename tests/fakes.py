@@ -22,6 +22,7 @@ from aiohttp.test_utils import TestClient
 from maskserve.batcher import Batcher
 from maskserve.keys import SERVICE_KEY
 from maskserve.model_api import FillMaskModel, Prediction, Progress, Query, TextPredictions, Words
+from maskserve.service import ModelParts
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,11 @@ class ControlledModel:
         return [len(b) for b in self.batches]
 
 
+def default_parts(client: TestClient[web.Request, web.Application]) -> ModelParts:
+    """The default model's engine, batcher and admission in the app under test."""
+    return client.app[SERVICE_KEY].default.loaded
+
+
 async def wait_until_entered(model: ControlledModel) -> None:
     """Until the inference thread is inside ``predict`` (held at the gate, if the model holds)."""
     assert await asyncio.to_thread(model.entered.wait, 5), "the forward pass never started"
@@ -207,7 +213,7 @@ async def holding(
         busy = asyncio.create_task(client.post("/", data=first, headers=first_headers))
         await wait_until_entered(model)
         waiting = [asyncio.create_task(client.post("/", data=text)) for text in queued]
-        await wait_for_depth(client.app[SERVICE_KEY].batcher, len(waiting))
+        await wait_for_depth(default_parts(client).batcher, len(waiting))
         yield Held(busy, waiting)
     finally:
         model.release()

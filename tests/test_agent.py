@@ -8,7 +8,7 @@ from maskserve.costs import BatchReport
 from maskserve.keys import SERVICE_KEY
 
 from .conftest import ClientFactory
-from .fakes import ControlledModel, holding, wait_for_depth
+from .fakes import ControlledModel, default_parts, holding, wait_for_depth
 from .live_server import free_port
 
 
@@ -35,7 +35,7 @@ async def test_the_weight_falls_as_the_queue_fills_but_never_to_zero(make_client
     async with holding(client, model, queued=["b0 [MASK]", "b1 [MASK]"]) as held:
         assert await agent_says(port) == "ready up 50%\n"
         held.queued += [asyncio.create_task(client.post("/", data=f"c{i} [MASK]")) for i in range(2)]
-        await wait_for_depth(client.app[SERVICE_KEY].batcher, 4)
+        await wait_for_depth(default_parts(client).batcher, 4)
         assert await agent_says(port) == "ready up 1%\n"  # full, and still in rotation
     assert await held.statuses() == [200] * 5
     assert await agent_says(port) == "ready up 100%\n"
@@ -47,7 +47,7 @@ async def test_a_predicted_wait_near_the_deadline_lowers_the_weight(make_client:
     # Measured: every pass takes 4 s, so one more text waits 4 s of a 10 s deadline.
     for tokens in (10, 20):
         report = BatchReport(size=1, real_tokens=tokens, padded_tokens=tokens, seconds=4.0, failed=0)
-        client.app[SERVICE_KEY].batcher.cost.observe(report)
+        default_parts(client).batcher.cost.observe(report)
     assert await agent_says(port) == "ready up 60%\n"
 
 

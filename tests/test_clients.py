@@ -18,10 +18,8 @@ import pytest
 from huggingface_hub import InferenceClient
 from huggingface_hub.errors import HfHubHTTPError
 
-from maskserve.keys import SERVICE_KEY
-
 from .conftest import ClientFactory
-from .fakes import ControlledModel, wait_for_depth, wait_until_entered
+from .fakes import ControlledModel, default_parts, wait_for_depth, wait_until_entered
 from .test_views import hub_reaches_localhost  # noqa: F401 - a fixture, used by name
 
 PARIS = "Paris is the [MASK] of France."
@@ -127,12 +125,12 @@ async def test_js_client_retries_503_at_once_unless_told_not_to(make_client: Cli
     busy = asyncio.create_task(client.post("/", data=PARIS))
     await wait_until_entered(model)
     queued = asyncio.create_task(client.post("/", data=PARIS))
-    await wait_for_depth(client.app[SERVICE_KEY].batcher, 1)
+    await wait_for_depth(default_parts(client).batcher, 1)
     try:
         refused = await fill_mask_js(js_client, url, {"inputs": PARIS}, {"retry_on_error": False})
         assert refused["status"] == 503 and "at capacity" in refused["message"]
 
-        breaker = client.app[SERVICE_KEY].admission
+        breaker = default_parts(client).admission
         before = breaker.refused["queue_full"]
         retrying = await asyncio.create_subprocess_exec(
             "node", "fill_mask.mjs", url, json.dumps({"inputs": PARIS}), "{}", cwd=js_client

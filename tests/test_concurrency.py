@@ -6,10 +6,9 @@ import asyncio
 from typing import Any
 
 from maskserve.engine import FillMaskEngine
-from maskserve.keys import SERVICE_KEY
 
 from .conftest import ClientFactory
-from .fakes import ControlledModel
+from .fakes import ControlledModel, default_parts
 from .models import WORDS
 from .test_views import assert_same_answers, direct
 
@@ -55,7 +54,7 @@ async def test_simultaneous_requests_each_get_their_own_answer_in_shared_batches
         top_k = 5 if i % 2 else 1 + i % 7
         assert_same_answers(body, direct(bert_engine, texts[i], top_k)[0])
 
-    batcher = client.app[SERVICE_KEY].batcher
+    batcher = default_parts(client).batcher
     assert sum(model.batch_sizes()) >= N_REQUESTS  # a split retry would only add to it
     assert max(model.batch_sizes()) > 1, model.batch_sizes
     assert batcher.batches_run < N_REQUESTS

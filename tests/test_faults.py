@@ -8,10 +8,9 @@ import socket
 from pathlib import Path
 
 from maskserve.engine import FillMaskEngine
-from maskserve.keys import SERVICE_KEY
 
 from .conftest import ClientFactory
-from .fakes import ControlledModel, wait_for_depth, wait_until_entered
+from .fakes import ControlledModel, default_parts, wait_for_depth, wait_until_entered
 from .live_server import start_maskserve
 
 LEAKS = ("Traceback", "RuntimeError", "injected fault", 'File "', ".py")
@@ -37,7 +36,7 @@ async def test_a_poisoned_input_fails_alone_and_its_batch_neighbours_are_answere
     first = asyncio.create_task(client.post("/", data="warm [MASK]."))
     await wait_until_entered(model)
     requests = [asyncio.create_task(client.post("/", data=text)) for text in [*texts[:3], poisoned, *texts[3:]]]
-    await wait_for_depth(client.app[SERVICE_KEY].batcher, 8)
+    await wait_for_depth(default_parts(client).batcher, 8)
     model.release()
     responses = await asyncio.gather(first, *requests)
     statuses = [r.status for r in responses]

@@ -15,7 +15,7 @@ from maskserve.health import liveness, readiness
 from maskserve.keys import SERVICE_KEY
 
 from .conftest import ClientFactory
-from .fakes import ControlledModel, holding, wait_until_entered
+from .fakes import ControlledModel, default_parts, holding, wait_until_entered
 
 Client = TestClient[web.Request, web.Application]
 
@@ -92,7 +92,7 @@ async def test_busy_server_within_its_stall_budget_is_live(make_client: ClientFa
 async def test_the_stall_budget_grows_with_the_longest_batch_the_limits_admit(make_client: ClientFactory) -> None:
     model = ControlledModel()
     client = await make_client(engine=model, stall_timeout=0.05, max_batch_tokens=1000)
-    batcher = client.app[SERVICE_KEY].batcher
+    batcher = default_parts(client).batcher
     # Measured: a pass costs 0.02 s plus 0.1 ms a token, so a full budget of 1000 tokens takes
     # 0.12 s, and four times that is the budget, far above the 0.05 s floor.
     for tokens in (100, 200, 400):
@@ -144,7 +144,7 @@ async def test_a_predicted_wait_past_the_deadline_is_refused_at_the_door_and_rea
     # flight, about 8 + 8 = 16 s: beyond it.
     for tokens in (100, 200):
         report = BatchReport(size=10, real_tokens=tokens, padded_tokens=tokens, seconds=8.0, failed=0)
-        client.app[SERVICE_KEY].batcher.cost.observe(report)
+        default_parts(client).batcher.cost.observe(report)
     assert (await probe(client, "/readyz"))[0] == 200
     model.hold()
     try:
@@ -162,7 +162,7 @@ async def test_a_predicted_wait_past_the_deadline_is_refused_at_the_door_and_rea
 
 async def test_draining_server_is_live_but_not_ready(make_client: ClientFactory) -> None:
     client = await make_client()
-    client.app[SERVICE_KEY].batcher.close()
+    default_parts(client).batcher.close()
     status, body = await probe(client, "/readyz")
     assert status == 503
     assert problem_codes(body) == ["draining"]

@@ -10,10 +10,9 @@ import pytest
 from aiohttp import ClientResponse
 
 from maskserve.costs import BatchReport
-from maskserve.keys import SERVICE_KEY
 
 from .conftest import ClientFactory
-from .fakes import ControlledModel, EchoModel
+from .fakes import ControlledModel, EchoModel, default_parts
 from .middleware.test_errors import DETAIL_KEYS
 
 OK = "paris is the [MASK] of france."
@@ -244,7 +243,7 @@ async def test_a_request_that_could_never_finish_in_time_is_422_and_a_shorter_de
 ) -> None:
     model = ControlledModel()
     client = await make_client(engine=model, request_timeout=10.0)
-    batcher = client.app[SERVICE_KEY].batcher
+    batcher = default_parts(client).batcher
     # Measured: a pass takes 0.1 s plus 10 ms a token.
     for tokens in (10, 20, 40):
         report = BatchReport(size=1, real_tokens=tokens, padded_tokens=tokens, seconds=0.1 + tokens * 0.01, failed=0)

@@ -14,12 +14,11 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from maskserve.app import create_app
 from maskserve.engine import FillMaskEngine
-from maskserve.keys import SERVICE_KEY
 from maskserve.logs import AccessLogger, configure_logging
 from maskserve.model_api import FillMaskModel
 from maskserve.settings import Settings
 
-from .fakes import ControlledModel
+from .fakes import ControlledModel, default_parts
 
 ACCESS_LOGGER = "maskserve.access"
 Client = TestClient[web.Request, web.Application]
@@ -91,7 +90,7 @@ async def test_failed_probe_is_logged_with_its_kind(
 ) -> None:
     caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
     client = await served()
-    client.app[SERVICE_KEY].batcher.close()  # draining: not ready
+    default_parts(client).batcher.close()  # draining: not ready
     assert (await client.get("/readyz")).status == 503
     (line,) = await access_records(caplog, 1)
     assert access_fields(line)[1:] == (503, "not_ready")

@@ -19,7 +19,7 @@ from maskserve.keys import SERVICE_KEY
 from maskserve.metrics import Metrics
 
 from .conftest import ClientFactory
-from .fakes import ControlledModel, holding, wait_for_depth, wait_until_entered
+from .fakes import ControlledModel, default_parts, holding, wait_for_depth, wait_until_entered
 
 Client = TestClient[web.Request, web.Application]
 # (sample name, sorted label pairs) -> value
@@ -147,7 +147,7 @@ async def test_each_app_counts_only_its_own_traffic(make_client: ClientFactory) 
 async def test_expired_abandoned_and_refused_requests_are_counted(make_client: ClientFactory) -> None:
     model = ControlledModel()
     client = await make_client(engine=model, max_queue=3)
-    batcher = client.app[SERVICE_KEY].batcher
+    batcher = default_parts(client).batcher
     model.hold()
     try:
         busy = asyncio.create_task(client.post("/", data="a [MASK]"))

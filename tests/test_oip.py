@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 from maskserve.keys import SERVICE_KEY
 
 from .conftest import ClientFactory
-from .fakes import ControlledModel, wait_for_depth, wait_until_entered
+from .fakes import ControlledModel, default_parts, wait_for_depth, wait_until_entered
 from .middleware.test_errors import error_of
 
 Client = TestClient[web.Request, web.Application]
@@ -222,7 +222,7 @@ async def test_infer_is_shed_by_the_breaker_and_probes_need_no_key(make_client: 
     busy = asyncio.create_task(client.post(url, json=body, headers=auth))
     await wait_until_entered(model)
     queued = asyncio.create_task(client.post(url, json=body, headers=auth))
-    await wait_for_depth(client.app[SERVICE_KEY].batcher, 1)
+    await wait_for_depth(default_parts(client).batcher, 1)
     refused = await client.post(url, json=body, headers=auth)
     await error_of(refused, 503, "overloaded")
     for probe in ("/v2/health/live", "/v2/health/ready", "/v2/models/maskserve/ready"):

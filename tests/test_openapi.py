@@ -28,7 +28,7 @@ from maskserve.scoring import masked_copies
 from maskserve.settings import Settings
 
 from .conftest import ClientFactory
-from .fakes import ControlledModel, wait_until_entered
+from .fakes import ControlledModel, default_parts, wait_until_entered
 
 Client = TestClient[web.Request, web.Application]
 DOCUMENT_URI = "urn:maskserve:openapi"
@@ -258,7 +258,7 @@ async def test_every_documented_response_is_produced_and_matches_the_document(
     )
     # A full queue refuses at the door; a pass held past the stall budget fails the probes. (The
     # timed-out requests' slots are freed when the queue reaches its bound: two live ones fill it.)
-    batcher = client.app[SERVICE_KEY].batcher
+    batcher = default_parts(client).batcher
     queued = [asyncio.create_task(client.post("/", data="a [MASK] b.")) for _ in range(2)]
     for _ in range(500):  # the timed-out texts discarded, both new ones queued
         # Each fill path's text, the page's, the infer paths', and two copies for each scoring path and the page's.

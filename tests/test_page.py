@@ -12,13 +12,12 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from maskserve.app import create_app
-from maskserve.keys import SERVICE_KEY
 from maskserve.model_api import Query
 from maskserve.page import CONTENT_SECURITY_POLICY
 from maskserve.settings import Settings
 
 from .conftest import ClientFactory
-from .fakes import ControlledModel, EchoModel
+from .fakes import ControlledModel, EchoModel, default_parts
 
 PARIS = "paris is the [MASK] of france."
 SCRIPT = "<script>alert(1)</script>[MASK]"
@@ -167,7 +166,7 @@ async def test_roberta_page_names_its_own_mask_token(make_client: ClientFactory,
 
 async def test_page_never_shows_the_server_model_path(make_client: ClientFactory) -> None:
     client = await make_client()
-    full_path = client.app[SERVICE_KEY].model.name
+    full_path = default_parts(client).model.name
     html = await (await client.get("/")).text()
     assert full_path.startswith("/") and full_path not in html
 
@@ -179,7 +178,7 @@ async def test_example_link_fills_the_box_without_running_the_model(make_client:
     assert page.textarea == "Hello [MASK] world"
     assert page.top_k_attrs["value"] == "7"
     assert page.words == []
-    assert client.app[SERVICE_KEY].batcher.batches_run == 0
+    assert default_parts(client).batcher.batches_run == 0
 
 
 async def test_form_submission_renders_the_api_predictions(make_client: ClientFactory) -> None:
@@ -356,7 +355,7 @@ async def test_get_demo_sends_the_browser_back_to_the_page(make_client: ClientFa
 async def test_full_queue_is_shown_inline_as_busy(make_client: ClientFactory) -> None:
     model = ControlledModel()
     client = await make_client(engine=model, max_queue=1)
-    batcher = client.app[SERVICE_KEY].batcher
+    batcher = default_parts(client).batcher
     model.hold()
     loop = asyncio.get_running_loop()
     query = Query(input_ids=model.encode("a [MASK]"), top_k=1)

@@ -9,8 +9,8 @@ import pytest
 
 from maskserve.engine import FillMaskEngine
 from maskserve.errors import ClientError, InvalidBody, InvalidInput, NoMaskToken, TextTooLong
-from maskserve.model_api import Prediction
-from maskserve.schemas import FillMaskRequest, RequestParser, shape_response
+from maskserve.model_api import Prediction, TextPredictions, text_answer_json
+from maskserve.schemas import FillMaskRequest, RequestParser, response_body
 from maskserve.settings import Settings
 
 JSON = "application/json"
@@ -257,25 +257,30 @@ def predictions(label: str, n: int = 2) -> list[Prediction]:
     return [Prediction(score=1.0 / (i + 1), token=i, token_str=f"{label}{i}", sequence=label) for i in range(n)]
 
 
+def shaped(request: FillMaskRequest, answers: list[TextPredictions]) -> Any:
+    """The answer's body as a client reads it: each text's JSON (made on the inference thread), joined."""
+    return json.loads(response_body(request, [text_answer_json(answer) for answer in answers]))
+
+
 def test_single_text_single_mask_is_a_flat_list() -> None:
     request = FillMaskRequest(texts=("a",), batched=False, top_k=2, targets=None)
     answer = predictions("a")
-    assert shape_response(request, [[answer]]) == answer
+    assert shaped(request, [[answer]]) == answer
 
 
 def test_single_text_several_masks_is_one_list_per_mask() -> None:
     request = FillMaskRequest(texts=("a",), batched=False, top_k=2, targets=None)
     first, second = predictions("m1"), predictions("m2")
-    assert shape_response(request, [[first, second]]) == [first, second]
+    assert shaped(request, [[first, second]]) == [first, second]
 
 
 def test_list_of_one_text_is_still_one_list_per_text() -> None:
     request = FillMaskRequest(texts=("a",), batched=True, top_k=2, targets=None)
     answer = predictions("a")
-    assert shape_response(request, [[answer]]) == [answer]
+    assert shaped(request, [[answer]]) == [answer]
 
 
 def test_list_of_texts_unwraps_single_masks_per_text() -> None:
     request = FillMaskRequest(texts=("a", "b"), batched=True, top_k=2, targets=None)
     a, b1, b2 = predictions("a"), predictions("b1"), predictions("b2")
-    assert shape_response(request, [[a], [b1, b2]]) == [a, [b1, b2]]
+    assert shaped(request, [[a], [b1, b2]]) == [a, [b1, b2]]

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
-from maskserve.keys import SERVICE_KEY
 from maskserve.model_api import Query
 from maskserve.score_page import LOG_PROB_FLOOR, bar_width, nats
 
 from .conftest import ClientFactory
-from .fakes import ControlledModel
+from .fakes import ControlledModel, default_parts
 from .test_page import Page
 
 
@@ -79,7 +78,7 @@ async def test_empty_score_form_is_shown_inline(make_client: ClientFactory) -> N
     assert page.sentences_attrs["aria-invalid"] == "true"
     assert page.sentences == " \n  " and page.selected_metric == "within_word_l2r"
     assert page.error_hidden  # the fill-mask form's own error box stays empty
-    assert client.app[SERVICE_KEY].batcher.batches_run == 0
+    assert default_parts(client).batcher.batches_run == 0
 
 
 async def test_too_many_sentences_are_shown_inline(make_client: ClientFactory) -> None:
@@ -90,7 +89,7 @@ async def test_too_many_sentences_are_shown_inline(make_client: ClientFactory) -
     page = Page(await response.text())
     assert "3 sentences" in page.score_error and "limit is 2" in page.score_error
     assert page.sentences == typed
-    assert client.app[SERVICE_KEY].batcher.batches_run == 0
+    assert default_parts(client).batcher.batches_run == 0
 
 
 async def test_a_sentence_over_the_score_token_limit_is_named_by_its_number(make_client: ClientFactory) -> None:
@@ -127,7 +126,7 @@ async def test_script_sentence_is_escaped_in_the_box_and_the_scores(make_client:
 async def test_full_queue_is_shown_inline_on_the_score_form(make_client: ClientFactory) -> None:
     model = ControlledModel()
     client = await make_client(engine=model, max_queue=8, max_score_tokens=8, max_inputs=8)
-    batcher = client.app[SERVICE_KEY].batcher
+    batcher = default_parts(client).batcher
     model.hold()
     loop = asyncio.get_running_loop()
     query = Query(input_ids=model.encode("a [MASK]"), top_k=1)

@@ -18,7 +18,7 @@ from maskserve.keys import SERVICE_KEY
 from maskserve.model_api import Query
 
 from .conftest import ClientFactory
-from .fakes import ControlledModel, wait_for_depth, wait_until_entered
+from .fakes import ControlledModel, default_parts, wait_for_depth, wait_until_entered
 
 PARIS = "paris is the [MASK] of france."
 SCORE_TOLERANCE = 1e-5
@@ -268,7 +268,7 @@ async def test_score_copies_share_batches_with_fill_mask_and_leave_its_answers_u
     # Queued behind the held pass, so both requests' texts are waiting when the next batch forms.
     scoring = asyncio.create_task(client.post("/score", json={"inputs": "the cat sleeps."}))
     filling = asyncio.create_task(client.post("/", data=PARIS))
-    while client.app[SERVICE_KEY].batcher.depth < 5:
+    while default_parts(client).batcher.depth < 5:
         await asyncio.sleep(0.01)
     model.release()
     responses = await asyncio.gather(first, scoring, filling)
@@ -282,7 +282,7 @@ async def test_score_is_admitted_on_the_cost_of_all_its_copies(
 ) -> None:
     model = ControlledModel(bert_engine)
     client = await make_client(engine=model, request_timeout=5.0)
-    batcher = client.app[SERVICE_KEY].batcher
+    batcher = default_parts(client).batcher
     # Measured: a pass takes 0.1 s plus 10 ms a token.
     for tokens in (10, 20, 40):
         batcher.cost.observe(
@@ -305,7 +305,7 @@ async def test_an_abandoned_score_request_costs_no_forward_pass(
 ) -> None:
     model = ControlledModel(bert_engine)
     client = await make_client(engine=model)
-    batcher = client.app[SERVICE_KEY].batcher
+    batcher = default_parts(client).batcher
     model.hold()
     try:
         busy = asyncio.create_task(client.post("/", data="a [MASK] b."))

@@ -20,7 +20,8 @@ import-linter contracts in setup.cfg (``tox -e style``) hold the code to this ta
     deadlines                                             each request's deadline
     keys                                                  the two typed keys: the service, each request's record
     request_state                                         one request's record (its served model among it)
-    service                                               the one handle on the request path
+    service                                               the one handle on the request path: the served models
+    tasks                                                 each task's rows and its answer folded back: fill-mask, score
     schemas : oip_schemas : score_schemas                 request parsing and validation, response shapes
     traces : tracing                                      what handlers tell tracing; its OpenTelemetry side (extra)
     metrics                                               the Prometheus registry, fed by the batcher and a stage

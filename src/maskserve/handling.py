@@ -1,6 +1,7 @@
 """What the handlers (the API, the demo page, the Open Inference Protocol) and the stages share:
-admission at the door, the path from queries to answers, the timing headers, and the bookkeeping
-of an error answered. Each rule lives here once, and every caller uses it.
+admission at the door, the one path from a surface's input to a task's answer (:func:`run_task`),
+the timing headers, and the bookkeeping of an error answered. Each rule lives here once, and
+every caller uses it.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import email.errors
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from aiohttp import web
@@ -20,11 +21,15 @@ from .errors import BodyTimeout, InvalidHeader, MaskserveError
 from .keys import service_of, state_of
 from .model_api import Query
 from .service import ServedModel
-from .whole_words import TextPlan
-from .work_queue import Answer
+from .tasks.task import Plan, Ran, Task
+from .work_queue import Answer, slowest
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# What a task is asked, the rows it plans, and its answer (tasks/task.py).
+AskT = TypeVar("AskT")
+PlanT = TypeVar("PlanT", bound=Plan)
+ResultT = TypeVar("ResultT")
 
 
 # The route table's names for the path segment that names a model: /models/{name}/... (maskserve's
@@ -86,30 +91,39 @@ def request_media_type(request: web.Request) -> str:
         raise InvalidHeader("the Content-Type header cannot be parsed", field="Content-Type") from None
 
 
-async def answer(request: web.Request, queries: Sequence[Query], served: ServedModel | None = None) -> list[Answer]:
-    """Admit a request's texts on ``served``'s (the default model's) whole cost, queue them and
-    wait for their answers, which are kept on the request for the metrics."""
+async def answer(request: web.Request, queries: Sequence[Query], served: ServedModel) -> list[Answer]:
+    """Admit a request's rows on ``served``'s whole cost, queue them and wait for their answers,
+    which are kept on the request for the metrics."""
     state = state_of(request)
     answers = await service_of(request.app).answer(queries, request_deadline(request), state.trace, served)
     state.answers = answers
     return answers
 
 
-async def text_answers(
-    request: web.Request, plans: Sequence[TextPlan], served: ServedModel | None = None
-) -> list[Answer]:
-    """:func:`answer` for fill-mask texts: every text's queries (whole-word copies included) admitted,
-    queued and answered together, then one answer per text."""
-    answers = await answer(request, [query for plan in plans for query in plan.queries], served)
-    return await service_of(request.app).text_answers(plans, answers, served)
+async def run_task(
+    request: web.Request, served: ServedModel, task: Task[AskT, PlanT, ResultT], read: Callable[[], Awaitable[AskT]]
+) -> Ran[AskT, ResultT]:
+    """Any task for any surface, one way: ``read`` (the surface's own reading of its input into the
+    task's request), the task's plan (tokenized off the event loop when long), admission on the
+    plan's whole cost, the queue, and the rows' answers folded back (off the loop when long).
+
+    Reading and planning are the request's ``maskserve.parse`` step: the surface's mistakes and the
+    texts' are found there, before any work is queued."""
+    service = service_of(request.app)
+    with state_of(request).trace.step("maskserve.parse"):
+        asked = await read()
+        plan = await service.plan(task, asked, served)
+    rows = await answer(request, plan.queries, served)
+    return Ran(asked, await service.fold(task, plan, rows, served), rows)
 
 
 def timing_headers(answers: Sequence[Answer]) -> dict[str, str]:
     """How the request was served; with several texts, the slowest text's figures."""
+    timing = slowest(answers)
     return {
-        "X-Queue-Time-Ms": f"{max(a.queued_s for a in answers) * 1000:.2f}",
-        "X-Inference-Time-Ms": f"{max(a.inference_s for a in answers) * 1000:.2f}",
-        "X-Batch-Size": str(max(a.batch_size for a in answers)),
+        "X-Queue-Time-Ms": f"{timing.queued_s * 1000:.2f}",
+        "X-Inference-Time-Ms": f"{timing.inference_s * 1000:.2f}",
+        "X-Batch-Size": str(timing.batch_size),
     }
 
 

@@ -22,11 +22,12 @@ from aiohttp import web
 
 from . import __version__
 from .errors import NotFound
-from .handling import read_body, served_model, text_answers, timing_headers
+from .handling import read_body, run_task, served_model, timing_headers
 from .health import live, probe_response, ready
-from .keys import service_of, state_of
+from .keys import service_of
 from .model_api import describe_model
-from .oip_schemas import DATATYPE, HEADER_LENGTH, INPUT_NAME, OUTPUT_NAME, infer_response
+from .oip_schemas import DATATYPE, HEADER_LENGTH, INPUT_NAME, OUTPUT_NAME, InferRequest, infer_response
+from .schemas import FillMaskRequest
 from .service import ServedModel
 
 # The protocol says a failed health check is a 4xx; Triton answers 400, and so does maskserve.
@@ -90,11 +91,15 @@ async def model_metadata(request: web.Request) -> web.Response:
 async def infer(request: web.Request) -> web.Response:
     """``POST /v2/models/{model}/infer``: texts in, each text's predictions out, as ``POST /`` would."""
     served, version = _served_model(request)
-    service = service_of(request.app)
-    with state_of(request).trace.step("maskserve.parse"):
-        body = await read_body(request)
-        parsed = served.oip_parser.parse(body, request.headers.get(HEADER_LENGTH))
-        plans = await service.plans(parsed.request, served)
-    answers = await text_answers(request, plans, served)
-    payload, headers = infer_response(served.name, parsed, [a.json for a in answers], version=version)
-    return web.Response(body=payload, headers={**headers, **timing_headers(answers)})
+    # The protocol's envelope (the id to echo, binary or JSON output) around the fill-mask request.
+    envelope: InferRequest | None = None
+
+    async def read() -> FillMaskRequest:
+        nonlocal envelope
+        envelope = served.oip_parser.parse(await read_body(request), request.headers.get(HEADER_LENGTH))
+        return envelope.request
+
+    ran = await run_task(request, served, served.fill_mask, read)
+    assert envelope is not None  # read() ran, or run_task raised
+    payload, headers = infer_response(served.name, envelope, [a.json for a in ran.result], version=version)
+    return web.Response(body=payload, headers={**headers, **timing_headers(ran.rows)})

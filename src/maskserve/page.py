@@ -37,8 +37,8 @@ from .errors import (
     ShuttingDown,
     TextTooLong,
 )
-from .handling import admit_at_door, note_error, read_form, served_model, text_answers, timing_headers
-from .keys import service_of, state_of
+from .handling import admit_at_door, note_error, read_form, run_task, served_model, timing_headers
+from .keys import service_of
 from .model_api import Prediction, describe_model
 from .schemas import FillMaskRequest
 from .score_schemas import DEFAULT_METRIC
@@ -378,17 +378,17 @@ async def demo(request: web.Request) -> web.Response:
     # The form is read before the deadline and admission, unlike the API: a refusal must still
     # show the typed text in the box, and a form is at most --max-body-bytes.
     text, top_k, model = await form_fields(request, "text", "top_k", "model")
-    service = service_of(request.app)
     served: ServedModel | None = None
     try:
-        served = page_model(request, model)
-        # The same admission as the API's circuit-breaking stage, then its parser, queue and deadline.
+        served = chosen = page_model(request, model)
+        # The same admission as the API's circuit-breaking stage, then its task, queue and deadline.
         admit_at_door(request, served)
-        with state_of(request).trace.step("maskserve.parse"):
-            top_k_value = parse_top_k(top_k, served.settings)
-            parsed = FillMaskRequest(texts=(text,), batched=False, top_k=top_k_value, targets=None)
-            plans = await service.plans(parsed, served)
-        answers = await text_answers(request, plans, served)
+
+        async def read() -> FillMaskRequest:
+            top_k_value = parse_top_k(top_k, chosen.settings)
+            return FillMaskRequest(texts=(text,), batched=False, top_k=top_k_value, targets=None)
+
+        ran = await run_task(request, served, served.fill_mask, read)
     except MaskserveError as exc:
         # The error stage's bookkeeping, but the page shows the error in plain words.
         note_error(request, exc)
@@ -402,7 +402,7 @@ async def demo(request: web.Request) -> web.Response:
             headers=headers,
             served=served,
         )
-    result = build_result(text, served.loaded.model.mask_token, answers[0])
+    result = build_result(text, served.loaded.model.mask_token, ran.result[0])
     # The answered page holds the typed text: no cache may keep it.
-    headers = {**timing_headers(answers), "Cache-Control": "no-store"}
+    headers = {**timing_headers(ran.rows), "Cache-Control": "no-store"}
     return render(request, text=text, top_k=top_k, result=result, headers=headers, served=served)

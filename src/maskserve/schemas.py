@@ -28,7 +28,7 @@ from .errors import (
     TooManyMasks,
     TooManyPredictions,
 )
-from .model_api import FillMaskModel, Query, TextPredictions, unwrap
+from .model_api import FillMaskModel, Query
 from .settings import Settings
 from .whole_words import (
     DEFAULT_MULTI_TOKEN_TARGETS,
@@ -402,14 +402,8 @@ class RequestParser:
         return Query(input_ids=input_ids, top_k=top_k, target_ids=target_ids, n_masks=masks)
 
 
-def shape_response(request: FillMaskRequest, answers: Sequence[TextPredictions]) -> Any:
-    """The pipeline's output shape: each text's answer unwrapped (:func:`model_api.unwrap`), then
-    a single (non-list) input unwrapped too."""
-    per_text = [unwrap(answer) for answer in answers]
-    return per_text if request.batched else per_text[0]
-
-
 def response_body(request: FillMaskRequest, texts_json: Sequence[bytes]) -> bytes:
-    """:func:`shape_response`'s JSON, from each text's own (made on the inference thread): the
-    event loop only joins them, whatever their size."""
+    """The pipeline's output shape as JSON, from each text's own (:func:`model_api.text_answer_json`,
+    made on the inference thread): a single (non-list) input unwrapped, a list kept. The event loop
+    only joins them, whatever their size."""
     return b"[" + b", ".join(texts_json) + b"]" if request.batched else texts_json[0]

@@ -14,8 +14,7 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from .errors import InvalidInput, MaskserveError
-from .handling import admit_at_door, answer, note_error, timing_headers
-from .keys import service_of, state_of
+from .handling import admit_at_door, note_error, run_task, timing_headers
 from .page import (
     PageError,
     ScoreForm,
@@ -29,10 +28,10 @@ from .page import (
     render,
 )
 from .score_schemas import DEFAULT_METRIC, ScoreRequest
-from .scoring import METRICS, TextScore, text_scores
+from .scoring import METRICS, TextScore
 from .service import ServedModel
 from .settings import Settings
-from .work_queue import Answer
+from .work_queue import Answer, slowest
 
 # The bars are drawn on a log scale: a token the model was sure of (log-probability 0) fills its
 # track, and one at this log-probability or below shows as a sliver. Probabilities themselves
@@ -62,6 +61,8 @@ def bar_width(log_prob: float) -> int:
 
 def score_result(texts: Sequence[str], scores: Sequence[TextScore], answers: Sequence[Answer]) -> ScoreResult:
     """What the page shows of the sentences' scores, and of how their copies were served."""
+    # The slowest copy's figures, as the timing headers give them.
+    timing = slowest(answers)
     return ScoreResult(
         sentences=tuple(
             SentenceScore(
@@ -74,10 +75,9 @@ def score_result(texts: Sequence[str], scores: Sequence[TextScore], answers: Seq
             )
             for text, score in zip(texts, scores, strict=True)
         ),
-        # The slowest copy's figures, as the timing headers give them.
-        queued_ms=milliseconds(max(a.queued_s for a in answers)),
-        computing_ms=milliseconds(max(a.inference_s for a in answers)),
-        batch_size=max(a.batch_size for a in answers),
+        queued_ms=milliseconds(timing.queued_s),
+        computing_ms=milliseconds(timing.inference_s),
+        batch_size=timing.batch_size,
     )
 
 
@@ -93,7 +93,7 @@ def parse_form(sentences: str, metric: str, settings: Settings) -> ScoreRequest:
             f"there are {len(texts)} sentences; the limit is {settings.max_inputs} at once (--max-inputs)",
             field="sentences",
         )
-    return ScoreRequest(texts=texts, batched=True, metric=metric, tokens=True)
+    return ScoreRequest(texts=texts, batched=True, metric=metric, tokens=True, element=SENTENCE)
 
 
 def form_error(error: MaskserveError) -> PageError:
@@ -109,22 +109,21 @@ async def demo_score(request: web.Request) -> web.Response:
     # Read before admission, as the fill-mask form is: a refusal must still show the typed text.
     sentences, metric, model = await form_fields(request, "sentences", "metric", "model")
     metric = metric or DEFAULT_METRIC
-    service = service_of(request.app)
     served: ServedModel | None = None
     try:
-        served = page_model(request, model)
+        served = chosen = page_model(request, model)
         admit_at_door(request, served)
-        with state_of(request).trace.step("maskserve.parse"):
-            parsed = parse_form(sentences, metric, served.settings)
-            per_text = await service.score_copies(parsed, served, SENTENCE)
-        answers = await answer(request, [copy for copies in per_text for copy in copies], served)
+
+        async def read() -> ScoreRequest:
+            return parse_form(sentences, metric, chosen.settings)
+
+        ran = await run_task(request, served, served.score, read)
     except MaskserveError as exc:
         note_error(request, exc)
         headers = {**exc.headers(), "Cache-Control": "no-store"}
         scoring = ScoreForm(sentences, metric, error=form_error(exc))
         return render(request, text="", top_k="", scoring=scoring, status=exc.status, headers=headers, served=served)
-    scores = text_scores(per_text, [a.predictions for a in answers])
-    scoring = ScoreForm(sentences, metric, result=score_result(parsed.texts, scores, answers))
+    scoring = ScoreForm(sentences, metric, result=score_result(ran.request.texts, ran.result, ran.rows))
     # The answered page holds the typed sentences: no cache may keep it.
-    headers = {**timing_headers(answers), "Cache-Control": "no-store"}
+    headers = {**timing_headers(ran.rows), "Cache-Control": "no-store"}
     return render(request, text="", top_k="", scoring=scoring, headers=headers, served=served)

@@ -41,6 +41,9 @@ class ScoreRequest:
     batched: bool
     metric: Metric = DEFAULT_METRIC
     tokens: bool = False
+    # How errors name a text of several ({index} from 0, {number} from 1): the API's JSON path, or
+    # the demo page's "sentence 2".
+    element: str = "inputs[{index}]"
 
 
 def score_request_schema(settings: Settings) -> dict[str, Any]:

@@ -3,21 +3,21 @@
 The app factory builds a :class:`FillMaskService` from the settings, with one :class:`ServedModel`
 per model the server serves (the first is the default, which ``POST /`` answers with); once the
 models are loaded, its lifecycle context gives it the :class:`Loaded` parts (each model's engine,
-batcher and admission, the one scheduler, the tokenizer's thread, the batch loop). A handler
-resolves the model its route names, reads the request, asks the service for its queries and
-answers, and shapes the response; it gathers nothing itself. No HTTP here: the handlers, the
-stages and the probes sit above it.
+batcher and admission, the one scheduler, the tokenizer's thread, the batch loop). Each served
+model carries its tasks (tasks/), bound to its limits. A handler resolves the model its route
+names and runs one of its tasks through ``handling.run_task``, which asks the service to plan the
+task's rows, admit and queue them, and fold their answers back; it gathers nothing itself. No
+HTTP here: the handlers, the stages and the probes sit above it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from .admission import Admission
 from .batcher import Batcher
@@ -26,16 +26,23 @@ from .costs import Work
 from .errors import NotFound
 from .lifecycle import Lifecycle
 from .metrics import Metrics, Peers
-from .model_api import FillMaskModel, Query, text_answer_json
+from .model_api import FillMaskModel, Query
 from .models_config import ModelConfig, model_configs
 from .oip_schemas import InferRequestParser
 from .scheduler import Scheduler
-from .schemas import FillMaskRequest, RequestParser
-from .score_schemas import ScoreRequest, ScoreRequestParser
+from .schemas import RequestParser
+from .score_schemas import ScoreRequestParser
 from .settings import Settings
+from .tasks.fill_mask import FillMask
+from .tasks.score import Score
+from .tasks.task import Plan, Task
 from .traces import RequestTrace
-from .whole_words import FillWord, TextPlan, text_predictions
 from .work_queue import Answer
+
+# What a task is asked, the rows it plans, and its answer, for the two steps run here.
+AskT = TypeVar("AskT")
+PlanT = TypeVar("PlanT", bound=Plan)
+ResultT = TypeVar("ResultT")
 
 # Texts up to this many characters in all are tokenized on the event loop: a hop to the tokenizer
 # thread costs more than they do. Longer ones go to that thread, where the tokenizer releases the
@@ -122,6 +129,9 @@ class ServedModel:
         self.oip_parser = InferRequestParser(config.settings)
         # POST /score's parser: texts into masked copies, with the same limits and its own.
         self.score_parser = ScoreRequestParser(config.settings)
+        # Its tasks, bound to its limits: every surface runs these (tasks/).
+        self.fill_mask = FillMask(self.parser)
+        self.score = Score(self.score_parser)
         self.parts: ModelParts | None = None
 
     @property
@@ -175,71 +185,37 @@ class FillMaskService:
             raise NotFound(f"no model named {name!r} here; this server serves {names}")
         return served
 
-    # The default model's parts, for callers that serve it alone.
-
-    @property
-    def model(self) -> FillMaskModel:
-        return self.default.loaded.model
-
-    @property
-    def batcher(self) -> Batcher:
-        return self.default.loaded.batcher
-
-    @property
-    def admission(self) -> Admission:
-        return self.default.loaded.admission
-
     @property
     def scheduler(self) -> Scheduler:
         return self._parts().scheduler
 
-    def at_door(self, deadline: float, served: ServedModel | None = None) -> None:
+    def at_door(self, deadline: float, served: ServedModel) -> None:
         """Admission at the door, before the body is read: every route that queues work asks this."""
-        (served or self.default).loaded.admission.at_door(deadline - asyncio.get_running_loop().time())
+        served.loaded.admission.at_door(deadline - asyncio.get_running_loop().time())
 
-    async def plans(self, parsed: FillMaskRequest, served: ServedModel | None = None) -> list[TextPlan]:
-        """Tokenize and check a parsed request's texts and targets for ``served`` (the default
-        model) (a 4xx names the first problem), off the event loop unless they are short."""
-        served = served or self.default
+    async def plan(self, task: Task[AskT, PlanT, Any], request: AskT, served: ServedModel) -> PlanT:
+        """``task``'s rows for ``request`` on ``served``, checked (a 4xx names the first problem):
+        tokenized on the event loop when short, on the tokenizer's thread otherwise."""
         model = served.loaded.model
-        chars = sum(len(text) for text in (*parsed.texts, *(parsed.targets or ())))
-        if chars <= INLINE_TOKENIZE_CHARS:
-            return served.parser.plans(parsed, model)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._parts().tokenizer, served.parser.plans, parsed, model)
+        if task.tokenizes(request) <= INLINE_TOKENIZE_CHARS:
+            return task.plan(request, model)
+        return await asyncio.get_running_loop().run_in_executor(self._parts().tokenizer, task.plan, request, model)
 
-    async def text_answers(
-        self, plans: Sequence[TextPlan], answers: Sequence[Answer], served: ServedModel | None = None
-    ) -> list[Answer]:
-        """One answer per text from the answers to its plan's queries, in order: its own, or its
-        own and its whole words combined (decoded off the event loop unless they are few)."""
-        if not any(plan.has_words for plan in plans):
-            return list(answers)
-        model = (served or self.default).loaded.model
-        decoded = sum(plan.word_predictions * plan.query.n_tokens for plan in plans)
-        if decoded <= INLINE_DECODE_TOKENS:
-            return combined_answers(plans, answers, model.fill_word)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._parts().tokenizer, combined_answers, plans, answers, model.fill_word)
-
-    async def score_copies(
-        self, parsed: ScoreRequest, served: ServedModel | None = None, element: str = "inputs[{index}]"
-    ) -> list[list[Query]]:
-        """Tokenize a parsed ``/score`` request's texts into ``served``'s (the default model's) masked
-        copies (a 4xx names the first problem, a text of several by ``element``), off the event loop
-        unless they are short: a text's copies grow with the square of its length."""
-        served = served or self.default
+    async def fold(
+        self, task: Task[Any, PlanT, ResultT], plan: PlanT, answers: Sequence[Answer], served: ServedModel
+    ) -> ResultT:
+        """``task``'s answer from its rows' answers: on the event loop when it decodes little, on
+        the tokenizer's thread otherwise."""
         model = served.loaded.model
-        if sum(len(text) for text in parsed.texts) <= INLINE_TOKENIZE_CHARS:
-            return served.score_parser.copies(parsed, model, element)
+        if task.decodes(plan) <= INLINE_DECODE_TOKENS:
+            return task.fold(plan, answers, model)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._parts().tokenizer, served.score_parser.copies, parsed, model, element)
+        return await loop.run_in_executor(self._parts().tokenizer, task.fold, plan, answers, model)
 
     async def answer(
-        self, queries: Sequence[Query], deadline: float, trace: RequestTrace, served: ServedModel | None = None
+        self, queries: Sequence[Query], deadline: float, trace: RequestTrace, served: ServedModel
     ) -> list[Answer]:
-        """Admit a request on its whole cost, queue its texts and wait for their answers, traced."""
-        served = served or self.default
+        """Admit a request on its whole cost, queue its rows and wait for their answers, traced."""
         parts = served.loaded
         time_left = deadline - asyncio.get_running_loop().time()
         parts.admission.admit(Work.of(queries), time_left, served.settings.request_timeout)
@@ -247,30 +223,3 @@ class FillMaskService:
         answers = await parts.batcher.answer(queries, deadline, trace.link)
         trace.served(answers, queued_ns)
         return answers
-
-
-def combined_answers(plans: Sequence[TextPlan], answers: Sequence[Answer], fill: FillWord) -> list[Answer]:
-    """Per text, its queries' answers as one: its predictions with the whole words scored and
-    decoded in, as JSON, served as its slowest query was."""
-    per_text: list[Answer] = []
-    start = 0
-    for plan in plans:
-        own = answers[start : start + len(plan.queries)]
-        start += len(plan.queries)
-        if not plan.has_words:
-            per_text.append(own[0])
-            continue
-        predictions = text_predictions(plan, [a.predictions for a in own], fill)
-        per_text.append(
-            dataclasses.replace(
-                own[0],
-                predictions=predictions,
-                json=text_answer_json(predictions),
-                queued_s=max(a.queued_s for a in own),
-                inference_s=max(a.inference_s for a in own),
-                batch_size=max(a.batch_size for a in own),
-            )
-        )
-    if start != len(answers):
-        raise RuntimeError(f"{len(answers)} answers for {start} queries; this is a bug")
-    return per_text

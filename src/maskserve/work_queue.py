@@ -45,6 +45,25 @@ class Answer:
     json: bytes = b""
 
 
+@dataclass(frozen=True)
+class Timing:
+    """How a request was served, told by its slowest text: each figure the largest of its texts'."""
+
+    queued_s: float
+    inference_s: float
+    batch_size: int
+
+
+def slowest(answers: Sequence[Answer]) -> Timing:
+    """The timing of a request whose texts got ``answers``: the one rule the timing headers, a
+    text made of several queries and the demo page all follow."""
+    return Timing(
+        queued_s=max(a.queued_s for a in answers),
+        inference_s=max(a.inference_s for a in answers),
+        batch_size=max(a.batch_size for a in answers),
+    )
+
+
 @dataclass(eq=False)
 class WorkItem:
     """One text waiting for the model, carrying its own reply future and clock readings."""

@@ -13,11 +13,12 @@ from aiohttp.typedefs import Handler, Middleware
 from maskserve.app import SETTINGS_CHECKS, create_app
 from maskserve.engine import FillMaskEngine
 from maskserve.errors import INTERNAL_MESSAGE, MaskserveError
-from maskserve.keys import SERVICE_KEY, state_of
+from maskserve.keys import state_of
 from maskserve.middleware.chain import BUILTIN_STAGES, ENTRY_POINT_GROUP, MiddlewareError, build_chain, resolve
 from maskserve.settings import Settings, SettingsError, load_settings
 
 from ..conftest import ClientFactory
+from ..fakes import default_parts
 from ..live_server import run_maskserve
 from .test_errors import error_of
 
@@ -220,7 +221,7 @@ async def test_stages_sit_after_auth_and_around_the_breaker_as_declared(make_cli
     assert (await client.post("/", data=PARIS)).status == 401
     assert EVENTS == []
     # A refusal at the door: the stage before the breaker sees it raised; the one after never runs.
-    client.app[SERVICE_KEY].batcher.close()
+    default_parts(client).batcher.close()
     await error_of(await client.post("/", data=PARIS, headers=auth), 503, "shutting_down")
     assert EVENTS == ["reads_nothing in with id", "reads_nothing raised shutting_down"]
     info = await (await client.get("/info", headers=auth)).json()

@@ -7,10 +7,9 @@ import asyncio
 import aiohttp
 
 from maskserve.costs import BatchReport
-from maskserve.keys import SERVICE_KEY
 
 from ..conftest import ClientFactory
-from ..fakes import ControlledModel, EchoModel, holding, wait_for_depth, wait_until_entered
+from ..fakes import ControlledModel, EchoModel, default_parts, holding, wait_for_depth, wait_until_entered
 
 
 async def test_full_queue_answers_503_with_retry_after_before_reading_the_body(make_client: ClientFactory) -> None:
@@ -24,14 +23,14 @@ async def test_full_queue_answers_503_with_retry_after_before_reading_the_body(m
         body = await response.json()
         assert body["error_type"] == "overloaded"
         assert body["request_id"] == response.headers["X-Request-Id"]
-        assert client.app[SERVICE_KEY].admission.refused["queue_full"] == 1
+        assert default_parts(client).admission.refused["queue_full"] == 1
     assert await held.statuses() == [200, 200, 200]
 
 
 async def test_predicted_wait_beyond_the_request_deadline_answers_503(make_client: ClientFactory) -> None:
     model = ControlledModel()
     client = await make_client(engine=model)
-    batcher = client.app[SERVICE_KEY].batcher
+    batcher = default_parts(client).batcher
     batcher.cost.observe(BatchReport(size=1, real_tokens=4, padded_tokens=4, seconds=3.0, failed=0))
     model.hold()
     try:
@@ -112,13 +111,13 @@ async def test_queued_request_whose_deadline_passed_never_costs_a_forward_pass(m
     assert (await client.post("/", data="next [MASK]")).status == 200
     ran = [ids for batch in model.batches for ids in batch]
     assert EchoModel().encode("late late [MASK]") not in ran
-    assert client.app[SERVICE_KEY].batcher.drops.expired == 1
+    assert default_parts(client).batcher.drops.expired == 1
 
 
 async def test_clients_that_disconnect_while_queued_are_dropped_before_inference(make_client: ClientFactory) -> None:
     model = ControlledModel()
     client = await make_client(engine=model)
-    batcher = client.app[SERVICE_KEY].batcher
+    batcher = default_parts(client).batcher
     model.hold()
     try:
         busy = asyncio.create_task(client.post("/", data="a [MASK]"))
@@ -153,7 +152,7 @@ async def test_poisoned_input_answers_500_alone_and_its_batch_neighbours_200(mak
         await wait_until_entered(model)
         texts = ["one [MASK]", "poison pill [MASK]", "three [MASK]", "four [MASK]"]
         tasks = [asyncio.create_task(client.post("/", data=t)) for t in texts]
-        await wait_for_depth(client.app[SERVICE_KEY].batcher, len(texts))
+        await wait_for_depth(default_parts(client).batcher, len(texts))
     finally:
         model.release()
     await busy

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from maskserve.keys import SERVICE_KEY
 from maskserve.settings import SettingsError, load_settings
 
 from ..conftest import ClientFactory
+from ..fakes import default_parts
 from .test_errors import error_of
 
 PARIS = b"paris is the [MASK] of france."
@@ -52,7 +52,7 @@ async def test_errors_carry_cors_headers_so_a_page_can_read_them(make_client: Cl
     response = await client.post("/", data=PARIS, headers={"Origin": APP})
     await error_of(response, 401, "unauthorized")
     assert response.headers["Access-Control-Allow-Origin"] == APP
-    client.app[SERVICE_KEY].batcher.close()
+    default_parts(client).batcher.close()
     refused = await client.post("/", data=PARIS, headers={"Origin": APP, "Authorization": f"Bearer {KEY}"})
     await error_of(refused, 503, "shutting_down")
     assert refused.headers["Access-Control-Allow-Origin"] == APP

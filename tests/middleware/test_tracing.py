@@ -20,14 +20,13 @@ from opentelemetry.trace import SpanKind
 
 import maskserve.tracing
 from maskserve.app import SETTINGS_CHECKS, create_app
-from maskserve.keys import SERVICE_KEY
 from maskserve.logs import AccessLogger
 from maskserve.middleware.chain import check_tracing
 from maskserve.middleware.tracing import TRACING_KEY
 from maskserve.model_api import FillMaskModel
 from maskserve.settings import Settings, SettingsError, load_settings
 
-from ..fakes import ControlledModel, wait_for_depth, wait_until_entered
+from ..fakes import ControlledModel, default_parts, wait_for_depth, wait_until_entered
 from ..live_server import maskserve_process
 
 Client = TestClient[web.Request, web.Application]
@@ -102,7 +101,7 @@ async def test_one_batch_span_for_a_forward_pass_linked_to_every_request_it_serv
     first = asyncio.create_task(client.post("/", data="first [MASK]"))
     await wait_until_entered(model)
     together = [asyncio.create_task(client.post("/", data=f"t{n} [MASK] word")) for n in range(3)]
-    await wait_for_depth(client.app[SERVICE_KEY].batcher, 3)
+    await wait_for_depth(default_parts(client).batcher, 3)
     model.release()
     assert [r.status for r in await asyncio.gather(first, *together)] == [200] * 4
     spans = finished(client, exporter)
@@ -138,7 +137,7 @@ async def test_a_refused_request_carries_the_reason_on_its_span(
     await wait_until_entered(model)
     late = asyncio.create_task(client.post("/", data=PARIS, headers={"X-Request-Timeout": "0.3"}))
     queued = asyncio.create_task(client.post("/", data=PARIS))
-    await wait_for_depth(client.app[SERVICE_KEY].batcher, 2)
+    await wait_for_depth(default_parts(client).batcher, 2)
     refused = await client.post("/", data=PARIS)  # the queue is full
     assert (refused.status, (await late).status) == (503, 504)  # and the queued one ran out of time
     model.release()

@@ -1,0 +1,77 @@
+"""Fill-mask: each text is one query (every mask, its single-token targets); a whole-word target
+adds copies of the text (whole_words.py), whose answers fold back into the text's predictions."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..model_api import FillMaskModel, Query, text_answer_json
+from ..schemas import FillMaskRequest, RequestParser
+from ..whole_words import FillWord, TextPlan, text_predictions
+from ..work_queue import Answer, slowest
+
+
+@dataclass(frozen=True)
+class FillMaskPlan:
+    """Each text's plan (whole_words.TextPlan), in request order."""
+
+    texts: tuple[TextPlan, ...]
+
+    @property
+    def queries(self) -> tuple[Query, ...]:
+        return tuple(query for text in self.texts for query in text.queries)
+
+
+class FillMask:
+    """The fill-mask task of one served model: its answer is one :class:`Answer` per text, holding
+    that text's JSON as the pipeline shapes it."""
+
+    def __init__(self, parser: RequestParser) -> None:
+        # The served model's limits and checks (schemas.RequestParser): the same for every surface.
+        self.parser = parser
+
+    def tokenizes(self, request: FillMaskRequest) -> int:
+        return sum(len(text) for text in (*request.texts, *(request.targets or ())))
+
+    def plan(self, request: FillMaskRequest, model: FillMaskModel) -> FillMaskPlan:
+        return FillMaskPlan(tuple(self.parser.plans(request, model)))
+
+    def decodes(self, plan: FillMaskPlan) -> int:
+        # Whole words decoded into the answers, times their texts' tokens; a text without whole
+        # words comes back from the inference thread answered and encoded already.
+        return sum(text.word_predictions * text.query.n_tokens for text in plan.texts if text.has_words)
+
+    def fold(self, plan: FillMaskPlan, answers: Sequence[Answer], model: FillMaskModel) -> list[Answer]:
+        if not any(text.has_words for text in plan.texts):
+            return list(answers)  # one query per text, answered as the text
+        return combined_answers(plan.texts, answers, model.fill_word)
+
+
+def combined_answers(plans: Sequence[TextPlan], answers: Sequence[Answer], fill: FillWord) -> list[Answer]:
+    """Per text, its queries' answers as one: its predictions with the whole words scored and
+    decoded in, as JSON, served as its slowest query was."""
+    per_text: list[Answer] = []
+    start = 0
+    for plan in plans:
+        own = answers[start : start + len(plan.queries)]
+        start += len(plan.queries)
+        if not plan.has_words:
+            per_text.append(own[0])
+            continue
+        predictions = text_predictions(plan, [a.predictions for a in own], fill)
+        timing = slowest(own)
+        per_text.append(
+            dataclasses.replace(
+                own[0],
+                predictions=predictions,
+                json=text_answer_json(predictions),
+                queued_s=timing.queued_s,
+                inference_s=timing.inference_s,
+                batch_size=timing.batch_size,
+            )
+        )
+    if start != len(answers):
+        raise RuntimeError(f"{len(answers)} answers for {start} queries; this is a bug")
+    return per_text

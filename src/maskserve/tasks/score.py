@@ -1,0 +1,45 @@
+"""Scoring (``/score``): each scored token is one masked copy of its text (scoring.py), queued like
+any text; the copies' answers, the true tokens' probabilities, sum to each text's score."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..model_api import FillMaskModel, Query
+from ..score_schemas import ScoreRequest, ScoreRequestParser
+from ..scoring import TextScore, text_scores
+from ..work_queue import Answer
+
+
+@dataclass(frozen=True)
+class ScorePlan:
+    """Each text's masked copies, in request order."""
+
+    per_text: tuple[tuple[Query, ...], ...]
+
+    @property
+    def queries(self) -> tuple[Query, ...]:
+        return tuple(copy for copies in self.per_text for copy in copies)
+
+
+class Score:
+    """The scoring task of one served model: its answer is one :class:`TextScore` per text."""
+
+    def __init__(self, parser: ScoreRequestParser) -> None:
+        # The served model's limits and checks (score_schemas.ScoreRequestParser).
+        self.parser = parser
+
+    def tokenizes(self, request: ScoreRequest) -> int:
+        # A text's copies grow with the square of its length; the characters decide all the same.
+        return sum(len(text) for text in request.texts)
+
+    def plan(self, request: ScoreRequest, model: FillMaskModel) -> ScorePlan:
+        copies = self.parser.copies(request, model, request.element)
+        return ScorePlan(tuple(tuple(text) for text in copies))
+
+    def decodes(self, plan: ScorePlan) -> int:
+        return 0  # the copies come back with their one prediction decoded; summing is arithmetic
+
+    def fold(self, plan: ScorePlan, answers: Sequence[Answer], model: FillMaskModel) -> list[TextScore]:
+        return text_scores(plan.per_text, [answer.predictions for answer in answers])

@@ -1,0 +1,60 @@
+"""The shape every task has: a request in, rows planned, the rows' answers folded back."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+from ..model_api import FillMaskModel, Query
+from ..work_queue import Answer
+
+
+class Plan(Protocol):
+    """A request's rows, made by its task: what is admitted, queued and batched."""
+
+    @property
+    def queries(self) -> Sequence[Query]:
+        """Every row the request queues, in the order its answers come back."""
+        ...
+
+
+AskT = TypeVar("AskT", contravariant=True)
+PlanT = TypeVar("PlanT", bound=Plan)
+ResultT = TypeVar("ResultT", covariant=True)
+RequestT = TypeVar("RequestT")
+AnswerT = TypeVar("AnswerT")
+
+
+class Task(Protocol[AskT, PlanT, ResultT]):
+    """One task of a served model, bound to that model's settings.
+
+    ``plan`` and ``fold`` may be long (tokenizing long texts, decoding many whole words): the
+    service runs them off the event loop when :meth:`tokenizes` or :meth:`decodes` say so.
+    """
+
+    def tokenizes(self, request: AskT) -> int:
+        """Characters :meth:`plan` tokenizes for ``request``."""
+        ...
+
+    def plan(self, request: AskT, model: FillMaskModel) -> PlanT:
+        """The request's rows for ``model``, checked (a 4xx names the first problem)."""
+        ...
+
+    def decodes(self, plan: PlanT) -> int:
+        """Tokens :meth:`fold` decodes for ``plan`` (0 when it only does arithmetic)."""
+        ...
+
+    def fold(self, plan: PlanT, answers: Sequence[Answer], model: FillMaskModel) -> ResultT:
+        """The task's answer from its rows' answers, one per row, in :attr:`Plan.queries` order."""
+        ...
+
+
+@dataclass(frozen=True)
+class Ran(Generic[RequestT, AnswerT]):
+    """A task run for a request: the request as its surface read it, the task's answer, and every
+    row's answer (how each was served: the timing headers, the metrics, the traces)."""
+
+    request: RequestT
+    result: AnswerT
+    rows: list[Answer]
