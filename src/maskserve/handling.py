@@ -21,15 +21,11 @@ from .errors import BodyTimeout, InvalidHeader, MaskserveError
 from .keys import service_of, state_of
 from .model_api import Query
 from .service import ServedModel
-from .tasks.task import Plan, Ran, Task
+from .tasks.task import AnswerT, PlanT, Ran, RequestT, Task
 from .work_queue import Answer, slowest
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-# What a task is asked, the rows it plans, and its answer (tasks/task.py).
-AskT = TypeVar("AskT")
-PlanT = TypeVar("PlanT", bound=Plan)
-ResultT = TypeVar("ResultT")
 
 
 # The route table's names for the path segment that names a model: /models/{name}/... (maskserve's
@@ -101,8 +97,11 @@ async def answer(request: web.Request, queries: Sequence[Query], served: ServedM
 
 
 async def run_task(
-    request: web.Request, served: ServedModel, task: Task[AskT, PlanT, ResultT], read: Callable[[], Awaitable[AskT]]
-) -> Ran[AskT, ResultT]:
+    request: web.Request,
+    served: ServedModel,
+    task: Task[RequestT, PlanT, AnswerT],
+    read: Callable[[], Awaitable[RequestT]],
+) -> Ran[RequestT, AnswerT]:
     """Any task for any surface, one way: ``read`` (the surface's own reading of its input into the
     task's request), the task's plan (tokenized off the event loop when long), admission on the
     plan's whole cost, the queue, and the rows' answers folded back (off the loop when long).

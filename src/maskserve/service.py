@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from .admission import Admission
 from .batcher import Batcher
@@ -35,14 +35,9 @@ from .score_schemas import ScoreRequestParser
 from .settings import Settings
 from .tasks.fill_mask import FillMask
 from .tasks.score import Score
-from .tasks.task import Plan, Task
+from .tasks.task import AnswerT, PlanT, RequestT, Task
 from .traces import RequestTrace
 from .work_queue import Answer
-
-# What a task is asked, the rows it plans, and its answer, for the two steps run here.
-AskT = TypeVar("AskT")
-PlanT = TypeVar("PlanT", bound=Plan)
-ResultT = TypeVar("ResultT")
 
 # Texts up to this many characters in all are tokenized on the event loop: a hop to the tokenizer
 # thread costs more than they do. Longer ones go to that thread, where the tokenizer releases the
@@ -193,7 +188,7 @@ class FillMaskService:
         """Admission at the door, before the body is read: every route that queues work asks this."""
         served.loaded.admission.at_door(deadline - asyncio.get_running_loop().time())
 
-    async def plan(self, task: Task[AskT, PlanT, Any], request: AskT, served: ServedModel) -> PlanT:
+    async def plan(self, task: Task[RequestT, PlanT, Any], request: RequestT, served: ServedModel) -> PlanT:
         """``task``'s rows for ``request`` on ``served``, checked (a 4xx names the first problem):
         tokenized on the event loop when short, on the tokenizer's thread otherwise."""
         model = served.loaded.model
@@ -202,8 +197,8 @@ class FillMaskService:
         return await asyncio.get_running_loop().run_in_executor(self._parts().tokenizer, task.plan, request, model)
 
     async def fold(
-        self, task: Task[Any, PlanT, ResultT], plan: PlanT, answers: Sequence[Answer], served: ServedModel
-    ) -> ResultT:
+        self, task: Task[Any, PlanT, AnswerT], plan: PlanT, answers: Sequence[Answer], served: ServedModel
+    ) -> AnswerT:
         """``task``'s answer from its rows' answers: on the event loop when it decodes little, on
         the tokenizer's thread otherwise."""
         model = served.loaded.model
