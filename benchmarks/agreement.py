@@ -38,11 +38,11 @@ import numpy as np
 import torch
 import transformers
 
+from maskserve.config.settings import available_cpus
 from maskserve.engine import BackendUnavailable, FillMaskEngine, load_engine
 from maskserve.engine.cpu import cpu_flags, describe_features, int8_in_effect, isa_cap_in_effect, precision_in_effect
 from maskserve.model_api import ModelSpec, Query, TextPredictions
-from maskserve.scoring import TextScore, masked_copies, text_scores
-from maskserve.settings import available_cpus
+from maskserve.tasks.pseudo_likelihood import TextScore, masked_copies, text_scores
 
 from . import offline
 from .masked_sentences import SENTENCES, masked_texts

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from maskserve.settings import Settings
+from maskserve.config.settings import Settings
 
 RESULTS = Path(__file__).resolve().parent / "results" / "costliest.md"
 # The default model reads 512 tokens, two of them special ([CLS], [SEP]).

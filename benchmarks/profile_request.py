@@ -32,12 +32,12 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-import maskserve.tracing
-from maskserve.app import create_app, inference_thread, load_model
+import maskserve.observability.tracing
+from maskserve.config.settings import Settings, available_cpus
 from maskserve.engine import FillMaskEngine
-from maskserve.middleware.tracing import TRACING_KEY
+from maskserve.http.app import create_app, inference_thread, load_model
+from maskserve.middleware.request_tracing import TRACING_KEY
 from maskserve.model_api import Query
-from maskserve.settings import Settings, available_cpus
 
 from .models import CACHE_DIR, BenchModel, bert_base_model, default_model
 from .offline import load_pipeline
@@ -78,7 +78,7 @@ async def server_view(
 ) -> dict[str, float]:
     """Median milliseconds of the round trip and, when ``traced``, of each span of the request."""
     exporter = InMemorySpanExporter()
-    maskserve.tracing.exporter_factories = lambda names: [lambda: exporter]  # type: ignore[assignment]
+    maskserve.observability.tracing.exporter_factories = lambda names: [lambda: exporter]  # type: ignore[assignment]
     settings = Settings(port=0, traces_exporter="console" if traced else None)
     app = create_app(settings, engine=engine, thread=thread)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)

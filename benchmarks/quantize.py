@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
+from maskserve.config.settings import available_cpus
 from maskserve.engine import FillMaskEngine, load_engine
 from maskserve.engine.cpu import describe_features
 from maskserve.model_api import ModelSpec, Query
-from maskserve.settings import available_cpus
 
 from .models import CACHE_DIR, BenchModel, bert_base_model, default_model
 from .sentences import make_sentences

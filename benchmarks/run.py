@@ -40,6 +40,7 @@ from typing import Any
 import torch
 import transformers
 
+from maskserve.config.settings import available_cpus
 from maskserve.engine.cpu import (
     describe_features,
     int8_in_effect,
@@ -47,7 +48,6 @@ from maskserve.engine.cpu import (
     matrix_features,
     precision_in_effect,
 )
-from maskserve.settings import available_cpus
 
 from . import offline
 from .interleaved import OFFLINE, Interleaved, run_interleaved

@@ -34,7 +34,7 @@ if str(ROOT / "src") not in sys.path:
 
 import maskserve  # noqa: E402
 from maskserve import errors  # noqa: E402
-from maskserve.settings import GROUPS, Settings, env_names, flag_names, follows_note, setting_fields  # noqa: E402
+from maskserve.config.settings import GROUPS, Settings, env_names, flag_names, follows_note, setting_fields  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 MARKER = re.compile(r"^<!-- generated: (\w+)(?: ([\w./-]+))? -->$", re.M)
@@ -134,8 +134,8 @@ def layers_table() -> str:
 
 def openapi_document() -> dict[str, Any]:
     """The document GET /openapi.json serves with the default settings."""
-    from maskserve.openapi import openapi_document as build
-    from maskserve.routes import ROUTE_ROLES
+    from maskserve.api.openapi import openapi_document as build
+    from maskserve.http.routes import ROUTE_ROLES
 
     return build(Settings(), ROUTE_ROLES)
 
@@ -151,7 +151,7 @@ ROLE_WORDS = {
 
 def routes_table() -> str:
     """Every route in the route table's order, with its OpenAPI summary and what its role means."""
-    from maskserve.routes import ROUTES
+    from maskserve.http.routes import ROUTES
 
     rows = ["| method | path | what | treated as |", "| --- | --- | --- | --- |"]
     for route in ROUTES:

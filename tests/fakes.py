@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient
 
-from maskserve.batcher import Batcher
-from maskserve.keys import SERVICE_KEY
 from maskserve.model_api import FillMaskModel, Prediction, Progress, Query, TextPredictions, Words
-from maskserve.service import ModelParts
+from maskserve.request.keys import SERVICE_KEY
+from maskserve.service.registry import ModelParts
+from maskserve.serving.batcher import Batcher
 
 
 @dataclass(frozen=True)

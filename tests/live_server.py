@@ -31,8 +31,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from maskserve.keys import service_of
-from maskserve.serve import GuardedTCPSite, make_runner
+from maskserve.request.keys import service_of
+from maskserve.server.serve import GuardedTCPSite, make_runner
 
 # Start-up imports torch and transformers and warms the model up: seconds, more on 2 busy cores.
 READY_TIMEOUT_S = 120.0

@@ -7,12 +7,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from maskserve.admission import Admission
-from maskserve.batcher import Batcher
-from maskserve.costs import BatchReport, Work
+from maskserve.config.settings import Settings
 from maskserve.errors import DeadlineExceeded, Overloaded, ShuttingDown
 from maskserve.model_api import Query
-from maskserve.settings import Settings
+from maskserve.serving.admission import Admission
+from maskserve.serving.batcher import Batcher
+from maskserve.serving.costs import BatchReport, Work
 
 from .conftest import ClientFactory
 from .fakes import Costs, EchoModel

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from maskserve.costs import BatchReport
-from maskserve.keys import SERVICE_KEY
+from maskserve.request.keys import SERVICE_KEY
+from maskserve.serving.costs import BatchReport
 
 from .conftest import ClientFactory
 from .fakes import ControlledModel, default_parts, holding, wait_for_depth

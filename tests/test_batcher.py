@@ -10,13 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from maskserve.batcher import Batcher
-from maskserve.costs import BatchReport, CostModel, LinearCost, Work
+from maskserve.config.settings import Settings
 from maskserve.engine import FillMaskEngine
 from maskserve.errors import DeadlineExceeded, InferenceFailed, ShuttingDown
-from maskserve.inference import predict_isolating
 from maskserve.model_api import Query
-from maskserve.settings import Settings
+from maskserve.serving.batcher import Batcher
+from maskserve.serving.costs import BatchReport, CostModel, LinearCost, Work
+from maskserve.serving.inference import predict_isolating
 
 from .fakes import ControlledModel, EchoModel, wait_for_depth, wait_until_entered
 

@@ -312,7 +312,7 @@ def _linear_multiply_adds(counter: FlopCounterMode) -> float:
 def test_the_score_report_s_multiply_adds_are_what_each_side_computes(bert_engine: FillMaskEngine) -> None:
     """The work line of benchmarks/score.py: its formula against the products torch actually runs."""
     from benchmarks.score import multiply_adds
-    from maskserve.scoring import masked_copies
+    from maskserve.tasks.pseudo_likelihood import masked_copies
 
     assert bert_engine.describe()["read_rows_last_layer"] == "yes"
     encoded = bert_engine.tokenizer("the quick brown fox jumps over the lazy dog")

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from maskserve.connections import CLOSE_REASONS, Connection, ConnectionGuard
-from maskserve.settings import Settings
+from maskserve.config.settings import Settings
+from maskserve.serving.connection_guard import CLOSE_REASONS, Connection, ConnectionGuard
 
 REFUSAL = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 

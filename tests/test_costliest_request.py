@@ -24,7 +24,7 @@ import pytest
 
 from benchmarks.costliest import Prober, costliest_body, costliest_score_body, post_json
 from benchmarks.sentences import make_sentences
-from maskserve.settings import Settings
+from maskserve.config.settings import Settings
 
 from .live_server import maskserve_process
 

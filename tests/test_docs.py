@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from maskserve.settings import GROUPS, env_names, flag_names, setting_fields
+from maskserve.config.settings import GROUPS, env_names, flag_names, setting_fields
 
 from .docs_hooks import hooks
 from .test_layers import contract_layers
@@ -76,7 +76,7 @@ def test_the_errors_table_shows_every_error_type_once() -> None:
 
 
 def test_the_generated_route_list_is_the_route_table() -> None:
-    from maskserve.routes import ROUTES
+    from maskserve.http.routes import ROUTES
 
     rows = hooks.routes_table().splitlines()[2:]
     assert len(rows) == len(ROUTES)

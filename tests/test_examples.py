@@ -13,10 +13,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from maskserve.app import SETTINGS_CHECKS, create_app
+from maskserve.config.settings import SettingsError, load_settings
 from maskserve.engine import FillMaskEngine
+from maskserve.http.app import SETTINGS_CHECKS, create_app
 from maskserve.middleware.chain import ENTRY_POINT_GROUP
-from maskserve.settings import SettingsError, load_settings
 
 from .middleware.test_errors import error_of
 

@@ -29,11 +29,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import maskserve
-from maskserve.app import create_app
+from maskserve.api.openapi import openapi_document
+from maskserve.config.settings import Settings
 from maskserve.engine import FillMaskEngine
-from maskserve.openapi import openapi_document
-from maskserve.routes import ROUTE_ROLES
-from maskserve.settings import Settings
+from maskserve.http.app import create_app
+from maskserve.http.routes import ROUTE_ROLES
 
 from .live_server import serve_in_thread
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from maskserve.handling import timing_headers
-from maskserve.service import FillMaskService
-from maskserve.work_queue import Answer
+from maskserve.request.run_task import timing_headers
+from maskserve.service.registry import FillMaskService
+from maskserve.serving.work_queue import Answer
 
 from .conftest import ClientFactory
 

@@ -10,9 +10,9 @@ import pytest
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient
 
-from maskserve.costs import BatchReport
-from maskserve.health import liveness, readiness
-from maskserve.keys import SERVICE_KEY
+from maskserve.api.health import liveness, readiness
+from maskserve.request.keys import SERVICE_KEY
+from maskserve.serving.costs import BatchReport
 
 from .conftest import ClientFactory
 from .fakes import ControlledModel, default_parts, holding, wait_until_entered

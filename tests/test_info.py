@@ -93,7 +93,7 @@ async def test_info_never_runs_the_model(make_client: ClientFactory) -> None:
 def test_the_http_side_imports_neither_torch_nor_transformers() -> None:
     # In a fresh interpreter: this test process has imported torch already.
     code = (
-        "import sys, maskserve.app, maskserve.health, maskserve.info, maskserve.metrics;"
+        "import sys, maskserve.http.app, maskserve.api.health, maskserve.api.info, maskserve.observability.metrics;"
         "print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)

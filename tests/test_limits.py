@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from aiohttp import ClientResponse
 
-from maskserve.costs import BatchReport
+from maskserve.serving.costs import BatchReport
 
 from .conftest import ClientFactory
 from .fakes import ControlledModel, EchoModel, default_parts
@@ -169,7 +169,7 @@ async def test_no_request_can_name_a_model_or_a_file(make_client: ClientFactory,
         "/../../etc/passwd",
         "/%2e%2e/%2e%2e/etc/passwd",
         "/templates/index.html",
-        "/maskserve/app.py",
+        "/maskserve/http/app.py",
     ],
 )
 async def test_path_traversal_and_unknown_files_are_404_in_the_error_shape(

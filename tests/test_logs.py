@@ -12,11 +12,12 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from maskserve.app import create_app
+from maskserve.config.settings import Settings
 from maskserve.engine import FillMaskEngine
-from maskserve.logs import AccessLogger, configure_logging
+from maskserve.http.app import create_app
 from maskserve.model_api import FillMaskModel
-from maskserve.settings import Settings
+from maskserve.observability.logs import configure_logging
+from maskserve.request.access_log import AccessLogger
 
 from .fakes import ControlledModel, default_parts
 

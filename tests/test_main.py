@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from maskserve.__main__ import log_followed_defaults
-from maskserve.settings import load_settings
+from maskserve.config.settings import load_settings
 
 from .conftest import HAS_ONNXRUNTIME, HAS_OPENVINO, NO_ONNXRUNTIME, NO_OPENVINO
 from .live_server import maskserve_process, run_maskserve, start_maskserve

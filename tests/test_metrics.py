@@ -13,10 +13,10 @@ from aiohttp.test_utils import TestClient
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
-from maskserve.costs import BatchReport
 from maskserve.engine import FillMaskEngine
-from maskserve.keys import SERVICE_KEY
-from maskserve.metrics import Metrics
+from maskserve.observability.metrics import Metrics
+from maskserve.request.keys import SERVICE_KEY
+from maskserve.serving.costs import BatchReport
 
 from .conftest import ClientFactory
 from .fakes import ControlledModel, default_parts, holding, wait_for_depth, wait_until_entered

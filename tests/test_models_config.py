@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from maskserve.app import SETTINGS_CHECKS
-from maskserve.models_config import model_configs, source_name
-from maskserve.settings import Settings, SettingsError, followed, load_settings
+from maskserve.config.model_configs import model_configs, source_name
+from maskserve.config.settings import Settings, SettingsError, followed, load_settings
+from maskserve.http.app import SETTINGS_CHECKS
 
 
 def configs(*argv: str, env: dict[str, str] | None = None) -> list[tuple[str, str | None]]:

@@ -18,7 +18,7 @@ from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient
 from tritonclient.utils import InferenceServerException
 
-from maskserve.keys import SERVICE_KEY
+from maskserve.request.keys import SERVICE_KEY
 
 from .conftest import ClientFactory
 from .fakes import ControlledModel, default_parts, wait_for_depth, wait_until_entered

@@ -19,13 +19,13 @@ from openapi_spec_validator import validate as validate_openapi
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
+from maskserve.api.openapi import openapi_document
+from maskserve.config.settings import Settings
 from maskserve.engine import FillMaskEngine
-from maskserve.keys import SERVICE_KEY
-from maskserve.openapi import openapi_document
-from maskserve.routes import ROUTE_ROLES
-from maskserve.schemas import request_schema
-from maskserve.scoring import masked_copies
-from maskserve.settings import Settings
+from maskserve.http.routes import ROUTE_ROLES
+from maskserve.request.keys import SERVICE_KEY
+from maskserve.tasks.fill_mask_request import request_schema
+from maskserve.tasks.pseudo_likelihood import masked_copies
 
 from .conftest import ClientFactory
 from .fakes import ControlledModel, default_parts, wait_until_entered

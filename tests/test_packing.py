@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import random
 
-from maskserve.packing import choose_batch, padded_cost, split_sorted
+from maskserve.serving.packing import choose_batch, padded_cost, split_sorted
 
 
 def test_split_separates_short_from_long_when_padding_costs_more_than_a_pass() -> None:

@@ -11,10 +11,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from maskserve.app import create_app
+from maskserve.config.settings import Settings
+from maskserve.demo.page import CONTENT_SECURITY_POLICY
+from maskserve.http.app import create_app
 from maskserve.model_api import Query
-from maskserve.page import CONTENT_SECURITY_POLICY
-from maskserve.settings import Settings
 
 from .conftest import ClientFactory
 from .fakes import ControlledModel, EchoModel, default_parts

@@ -3,7 +3,7 @@ that queue work for the model, all of them and nothing else."""
 
 from __future__ import annotations
 
-from maskserve.routes import ROUTE_ROLES, route_table
+from maskserve.http.routes import ROUTE_ROLES, route_table
 
 from .deploy.queries import selected_routes
 

@@ -8,11 +8,11 @@ import contextlib
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
-from maskserve.batcher import Batcher
-from maskserve.costs import BatchReport, Work
+from maskserve.config.settings import Settings
 from maskserve.model_api import Query
-from maskserve.scheduler import Scheduler
-from maskserve.settings import Settings
+from maskserve.serving.batcher import Batcher
+from maskserve.serving.costs import BatchReport, Work
+from maskserve.serving.scheduler import Scheduler
 
 from .fakes import Costs, EchoModel
 

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
+from maskserve.config.settings import Settings
 from maskserve.engine import FillMaskEngine
 from maskserve.errors import ClientError, InvalidBody, InvalidInput, NoMaskToken, TextTooLong
 from maskserve.model_api import Prediction, TextPredictions, text_answer_json
-from maskserve.schemas import FillMaskRequest, RequestParser, response_body
-from maskserve.settings import Settings
+from maskserve.tasks.fill_mask_request import FillMaskRequest, RequestParser, response_body
 
 JSON = "application/json"
 PARSER = RequestParser(Settings())

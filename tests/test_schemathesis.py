@@ -21,11 +21,11 @@ from schemathesis import Case, CheckContext, GenerationMode, Response
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from maskserve.app import create_app
+from maskserve.api.openapi import openapi_document
+from maskserve.config.settings import Settings
 from maskserve.engine import FillMaskEngine
-from maskserve.openapi import openapi_document
-from maskserve.routes import ROUTE_ROLES
-from maskserve.settings import Settings
+from maskserve.http.app import create_app
+from maskserve.http.routes import ROUTE_ROLES
 
 from .live_server import serve_in_thread
 from .middleware.test_errors import DETAIL_KEYS

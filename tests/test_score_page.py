@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+from maskserve.demo.score_form import LOG_PROB_FLOOR, bar_width, nats
 from maskserve.model_api import Query
-from maskserve.score_page import LOG_PROB_FLOOR, bar_width, nats
 
 from .conftest import ClientFactory
 from .fakes import ControlledModel, default_parts

@@ -18,7 +18,14 @@ import pytest
 import torch
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
-from maskserve.scoring import LOWEST_SCORE, masked_copies, masked_positions, scored_positions, text_score, text_scores
+from maskserve.tasks.pseudo_likelihood import (
+    LOWEST_SCORE,
+    masked_copies,
+    masked_positions,
+    scored_positions,
+    text_score,
+    text_scores,
+)
 
 from .conftest import ClientFactory, EngineOf
 

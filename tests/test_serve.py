@@ -13,9 +13,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from maskserve.app import create_app
-from maskserve.serve import serve
-from maskserve.settings import Settings
+from maskserve.config.settings import Settings
+from maskserve.http.app import create_app
+from maskserve.server.serve import serve
 
 from .fakes import ControlledModel, wait_until_entered
 from .live_server import free_port, start_maskserve, wait_until_ready

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import maskserve
-from maskserve.settings import (
+from maskserve.config.settings import (
     BOUNDS,
     ENV_PREFIX,
     GROUPS,

@@ -20,8 +20,8 @@ from aiohttp.test_utils import TestClient
 from huggingface_hub import InferenceClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from maskserve.app import create_app
-from maskserve.settings import Settings
+from maskserve.config.settings import Settings
+from maskserve.http.app import create_app
 
 from .live_server import maskserve_process, run_maskserve
 from .test_views import hub_reaches_localhost  # noqa: F401 - a fixture, used by name

@@ -12,10 +12,10 @@ import pytest
 from aiohttp.test_utils import TestClient
 from huggingface_hub import InferenceClient
 
-from maskserve.costs import BatchReport
 from maskserve.engine import FillMaskEngine
-from maskserve.keys import SERVICE_KEY
 from maskserve.model_api import Query
+from maskserve.request.keys import SERVICE_KEY
+from maskserve.serving.costs import BatchReport
 
 from .conftest import ClientFactory
 from .fakes import ControlledModel, default_parts, wait_for_depth, wait_until_entered

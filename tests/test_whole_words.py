@@ -20,12 +20,12 @@ import torch
 import transformers
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
-from maskserve import service as service_module
-from maskserve.costs import BatchReport
 from maskserve.engine import FillMaskEngine
 from maskserve.model_api import Prediction, Query, TextPredictions
+from maskserve.service.registry import registry as service_module
+from maskserve.serving.costs import BatchReport
 from maskserve.tasks.fill_mask import FillMask
-from maskserve.whole_words import Targets, plan_text, split_targets, text_predictions, word_copies
+from maskserve.tasks.whole_words import Targets, plan_text, split_targets, text_predictions, word_copies
 
 from .conftest import ClientFactory, EngineOf
 from .fakes import ControlledModel, EchoModel, default_parts, wait_for_depth, wait_until_entered

@@ -16,9 +16,9 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from maskserve.metrics import merge_expositions
-from maskserve.settings import Settings, available_cpus
-from maskserve.workers import _assign_slot
+from maskserve.config.settings import Settings, available_cpus
+from maskserve.observability.metrics import merge_expositions
+from maskserve.server.workers import _assign_slot
 
 from .conftest import HAS_ONNXRUNTIME, NO_ONNXRUNTIME
 from .live_server import ServerProcess, free_port, run_maskserve, start_maskserve

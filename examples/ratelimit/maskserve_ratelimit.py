@@ -30,8 +30,8 @@ from collections.abc import Callable, Mapping
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler, Middleware
 
+from maskserve.config.settings import Settings
 from maskserve.errors import RateLimited
-from maskserve.settings import Settings
 
 # Probes and scrapers must never be turned away by a client's quota.
 EXEMPT_ROUTES = frozenset({"livez", "readyz", "metrics"})

@@ -9,11 +9,11 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from .app import SETTINGS_CHECKS, create_app
-from .logs import configure_logging
-from .models_config import model_configs
-from .serve import serve
-from .settings import Settings, SettingsError, flag_name, followed, load_settings
+from maskserve.config.model_configs import model_configs
+from maskserve.config.settings import Settings, SettingsError, flag_name, followed, load_settings
+from maskserve.http.app import SETTINGS_CHECKS, create_app
+from maskserve.observability.logs import configure_logging
+from maskserve.server.serve import serve
 
 log = logging.getLogger("maskserve")
 
@@ -59,10 +59,10 @@ def log_followed_defaults(settings: Settings) -> None:
 def _load_and_serve(settings: Settings) -> int:
     if settings.workers > 1:
         # gunicorn forks the workers; each loads its own model (workers.py).
-        from .workers import run_workers
+        from maskserve.server.workers import run_workers
 
         return run_workers(settings)
-    from .engine import BackendUnavailable, ModelLoadError
+    from maskserve.engine import BackendUnavailable, ModelLoadError
 
     # The app loads the model at start-up, on its inference thread, before the port is opened: a
     # model that cannot be served exits non-zero with nothing half started.

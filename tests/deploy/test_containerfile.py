@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from maskserve.settings import Settings
+from maskserve.config.settings import Settings
 
 from . import containerfile
 from .containerfile import ROOT, arg_defaults, env, exec_form, final_stage, instructions, with_defaults

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from maskserve.config.settings import Settings
 from maskserve.errors import ServiceUnavailable
-from maskserve.settings import Settings
 
 pytestmark = pytest.mark.deploy
 

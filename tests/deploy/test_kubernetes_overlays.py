@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from maskserve.models_config import model_configs
-from maskserve.settings import load_settings
+from maskserve.config.model_configs import model_configs
+from maskserve.config.settings import load_settings
 
 from .manifests import KUBERNETES_VERSION, OVERLAYS_DIR, Object, container, mebibytes, pod_spec, render, settings
 

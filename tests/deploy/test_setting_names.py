@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from maskserve.settings import ENV_PREFIX, setting_fields
-from maskserve.settings import env_names as variables_of
+from maskserve.config.settings import ENV_PREFIX, setting_fields
+from maskserve.config.settings import env_names as variables_of
 
 from . import containerfile
 from .manifests import Object, env_names

@@ -18,7 +18,7 @@ from benchmarks.agreement import Answer, engine_scores, measure_agreement, measu
 from benchmarks.masked_sentences import SENTENCES, masked_texts
 from maskserve.engine import FillMaskEngine, default_model_dir, load_engine
 from maskserve.engine.cpu import native_bf16, precision_in_effect
-from maskserve.scoring import TextScore
+from maskserve.tasks.pseudo_likelihood import TextScore
 
 from ..conftest import load_openvino
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from maskserve.app import load_model, model_spec
+from maskserve.config.model_configs import model_configs
+from maskserve.config.settings import Settings
 from maskserve.engine import TorchFillMaskEngine
-from maskserve.models_config import model_configs
-from maskserve.settings import Settings
+from maskserve.http.app import load_model, model_spec
 
 from .conftest import Graph
 

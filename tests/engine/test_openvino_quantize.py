@@ -18,11 +18,11 @@ import pytest
 from benchmarks import offline
 from benchmarks.agreement import engine_scores, measure_agreement, measure_score_agreement, pipeline_answers
 from benchmarks.masked_sentences import SENTENCES, masked_texts
-from maskserve.app import load_model
+from maskserve.config.settings import Settings
 from maskserve.engine import BackendUnavailable, FillMaskEngine, default_model_dir
 from maskserve.engine.cpu import int8_fast, int8_in_effect, int8_kernels
+from maskserve.http.app import load_model
 from maskserve.model_api import ModelSpec, Query
-from maskserve.settings import Settings
 
 from ..conftest import HAS_OPENVINO, NO_OPENVINO, ClientFactory
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from maskserve.config.settings import load_settings
 from maskserve.engine import FillMaskEngine, load_engine
 from maskserve.model_api import Query
-from maskserve.settings import load_settings
 
 
 def test_int8_engine_quantizes_linear_layers_and_keeps_the_top_answer(default_engine: FillMaskEngine) -> None:

@@ -28,7 +28,7 @@ import pytest
 
 from benchmarks.costliest import Prober, costliest_body, post_json
 from benchmarks.haproxy import HAProxy
-from maskserve.settings import Settings, load_settings
+from maskserve.config.settings import Settings, load_settings
 
 from .fleet import (
     REPLICA_ARGS,

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from maskserve.settings import Settings, build_parser, load_settings
+from maskserve.config.settings import Settings, build_parser, load_settings
 
 from ..conftest import ClientFactory
 from .test_errors import error_of

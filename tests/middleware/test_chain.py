@@ -10,12 +10,12 @@ import pytest
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from maskserve.app import SETTINGS_CHECKS, create_app
+from maskserve.config.settings import Settings, SettingsError, load_settings
 from maskserve.engine import FillMaskEngine
 from maskserve.errors import INTERNAL_MESSAGE, MaskserveError
-from maskserve.keys import state_of
+from maskserve.http.app import SETTINGS_CHECKS, create_app
 from maskserve.middleware.chain import BUILTIN_STAGES, ENTRY_POINT_GROUP, MiddlewareError, build_chain, resolve
-from maskserve.settings import Settings, SettingsError, load_settings
+from maskserve.request.keys import state_of
 
 from ..conftest import ClientFactory
 from ..fakes import default_parts

@@ -6,7 +6,7 @@ import asyncio
 
 import aiohttp
 
-from maskserve.costs import BatchReport
+from maskserve.serving.costs import BatchReport
 
 from ..conftest import ClientFactory
 from ..fakes import ControlledModel, EchoModel, default_parts, holding, wait_for_depth, wait_until_entered

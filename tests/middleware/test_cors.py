@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from maskserve.settings import SettingsError, load_settings
+from maskserve.config.settings import SettingsError, load_settings
 
 from ..conftest import ClientFactory
 from ..fakes import default_parts

@@ -12,7 +12,7 @@ from aiohttp import ClientResponse
 
 from maskserve.engine import FillMaskEngine
 from maskserve.errors import INTERNAL_MESSAGE
-from maskserve.middleware.errors import new_request_id
+from maskserve.middleware.error_sanitizer import new_request_id
 
 from ..conftest import ClientFactory
 from ..fakes import ControlledModel

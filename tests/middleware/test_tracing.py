@@ -18,13 +18,13 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-import maskserve.tracing
-from maskserve.app import SETTINGS_CHECKS, create_app
-from maskserve.logs import AccessLogger
+import maskserve.observability.tracing
+from maskserve.config.settings import Settings, SettingsError, load_settings
+from maskserve.http.app import SETTINGS_CHECKS, create_app
 from maskserve.middleware.chain import check_tracing
-from maskserve.middleware.tracing import TRACING_KEY
+from maskserve.middleware.request_tracing import TRACING_KEY
 from maskserve.model_api import FillMaskModel
-from maskserve.settings import Settings, SettingsError, load_settings
+from maskserve.request.access_log import AccessLogger
 
 from ..fakes import ControlledModel, default_parts, wait_for_depth, wait_until_entered
 from ..live_server import maskserve_process
@@ -40,7 +40,7 @@ PARIS = "Paris is the [MASK] of France."
 def exporter(monkeypatch: pytest.MonkeyPatch) -> InMemorySpanExporter:
     """Every app started in the test exports its spans here instead of to the named exporters."""
     memory = InMemorySpanExporter()
-    monkeypatch.setattr(maskserve.tracing, "exporter_factories", lambda names: [lambda: memory])
+    monkeypatch.setattr(maskserve.observability.tracing, "exporter_factories", lambda names: [lambda: memory])
     return memory
 
 
@@ -187,7 +187,11 @@ def test_an_unknown_exporter_stops_start_up_naming_the_variable() -> None:
 
 
 def test_without_the_sdk_tracing_says_which_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    for module in [m for m in sys.modules if m == "maskserve.tracing" or m.startswith("maskserve.middleware.tracing")]:
+    for module in [
+        m
+        for m in sys.modules
+        if m == "maskserve.observability.tracing" or m.startswith("maskserve.middleware.request_tracing")
+    ]:
         monkeypatch.delitem(sys.modules, module)
     monkeypatch.setitem(sys.modules, "opentelemetry", None)  # makes `import opentelemetry` fail
     with pytest.raises(ValueError, match=r"pip install 'maskserve\[otel\]'"):

@@ -3,12 +3,12 @@ answers folded back into one answer per text."""
 
 from __future__ import annotations
 
+from maskserve.config.settings import Settings
 from maskserve.engine import FillMaskEngine
 from maskserve.model_api import text_answer_json
-from maskserve.schemas import FillMaskRequest, RequestParser
-from maskserve.settings import Settings
+from maskserve.serving.work_queue import Answer
 from maskserve.tasks.fill_mask import FillMask, FillMaskPlan
-from maskserve.work_queue import Answer
+from maskserve.tasks.fill_mask_request import FillMaskRequest, RequestParser
 
 TASK = FillMask(RequestParser(Settings()))
 TEXTS = ("the [MASK] is the [MASK] of france.", "paris is a [MASK].")

@@ -6,13 +6,13 @@ import math
 
 import pytest
 
+from maskserve.config.settings import Settings
 from maskserve.engine import FillMaskEngine
 from maskserve.errors import InvalidInput
 from maskserve.model_api import text_answer_json
-from maskserve.score_schemas import ScoreRequest, ScoreRequestParser
-from maskserve.settings import Settings
+from maskserve.serving.work_queue import Answer
 from maskserve.tasks.score import Score
-from maskserve.work_queue import Answer
+from maskserve.tasks.score_request import ScoreRequest, ScoreRequestParser
 
 TASK = Score(ScoreRequestParser(Settings()))
 TEXTS = ("paris is the capital of france.", "a cat sat.")

@@ -26,7 +26,7 @@ those backends are imported by name, only when asked for.
 
 from __future__ import annotations
 
-from .base import (
+from maskserve.engine.base import (
     DEFAULT_MODEL_PACKAGE,
     PARALLEL_MIN_FLOPS,
     PARALLEL_MIN_FLOPS_PER_TOKEN,
@@ -39,8 +39,8 @@ from .base import (
     resolve_device,
     resolve_dtype,
 )
-from .loading import load
-from .torch import TorchFillMaskEngine, load_engine, quantize_int8
+from maskserve.engine.loading import load
+from maskserve.engine.torch import TorchFillMaskEngine, load_engine, quantize_int8
 
 __all__ = [
     "DEFAULT_MODEL_PACKAGE",

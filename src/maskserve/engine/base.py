@@ -21,8 +21,8 @@ import torch
 import transformers
 from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel
 
-from ..model_api import Prediction, Progress, Query, TextPredictions, Words
-from .cpu import describe_features, precision_in_effect
+from maskserve.engine.cpu import describe_features, precision_in_effect
+from maskserve.model_api import Prediction, Progress, Query, TextPredictions, Words
 
 log = logging.getLogger(__name__)
 

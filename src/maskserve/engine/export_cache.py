@@ -27,7 +27,7 @@ import torch
 import transformers
 from transformers import PreTrainedModel
 
-from .base import BackendUnavailable
+from maskserve.engine.base import BackendUnavailable
 
 log = logging.getLogger(__name__)
 

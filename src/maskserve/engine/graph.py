@@ -20,7 +20,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from .base import (
+from maskserve.engine.base import (
     BackendUnavailable,
     FillMaskEngine,
     LoadedModel,
@@ -29,10 +29,10 @@ from .base import (
     encoder_flops_per_token,
     load_pretrained,
 )
-from .cpu import describe_features
-from .export_cache import CachedExport
-from .onnx_export import mask_index
-from .probe import Probe
+from maskserve.engine.cpu import describe_features
+from maskserve.engine.export_cache import CachedExport
+from maskserve.engine.onnx_export import mask_index
+from maskserve.engine.probe import Probe
 
 log = logging.getLogger(__name__)
 

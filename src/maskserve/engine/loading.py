@@ -6,9 +6,9 @@ for, so importing the engine imports none of their runtimes.
 
 from __future__ import annotations
 
-from ..model_api import ModelSpec
-from .base import FillMaskEngine
-from .torch import load_engine
+from maskserve.engine.base import FillMaskEngine
+from maskserve.engine.torch import load_engine
+from maskserve.model_api import ModelSpec
 
 
 def load(spec: ModelSpec) -> FillMaskEngine:
@@ -19,11 +19,11 @@ def load(spec: ModelSpec) -> FillMaskEngine:
     as asked.
     """
     if spec.backend == "onnxruntime":
-        from .onnxruntime import load_onnx_engine
+        from maskserve.engine.onnxruntime import load_onnx_engine
 
         return load_onnx_engine(spec)
     if spec.backend == "openvino":
-        from .openvino import load_openvino_engine
+        from maskserve.engine.openvino import load_openvino_engine
 
         return load_openvino_engine(spec)
     return load_engine(

@@ -22,14 +22,28 @@ from typing import Any
 
 import numpy as np
 
-from ..model_api import ModelSpec
-from .base import BackendUnavailable
-from .cpu import describe_features, int8_fast, int8_in_effect, int8_kernels, native_bf16, precision_in_effect
-from .export_cache import CachedExport, ExportFailed, export_to_cache, one_line, open_cached, open_or_make
-from .graph import GraphFillMaskEngine, GraphLoad, require_cpu
-from .onnx_export import INPUTS
-from .openvino_export import COMPILED_DIR, MODEL_FILE, convert_graph, export_key
-from .openvino_quantize import Int8Recipe, quantize_graph, quantized_key, recipe_for
+from maskserve.engine.base import BackendUnavailable
+from maskserve.engine.cpu import (
+    describe_features,
+    int8_fast,
+    int8_in_effect,
+    int8_kernels,
+    native_bf16,
+    precision_in_effect,
+)
+from maskserve.engine.export_cache import (
+    CachedExport,
+    ExportFailed,
+    export_to_cache,
+    one_line,
+    open_cached,
+    open_or_make,
+)
+from maskserve.engine.graph import GraphFillMaskEngine, GraphLoad, require_cpu
+from maskserve.engine.onnx_export import INPUTS
+from maskserve.engine.openvino_export import COMPILED_DIR, MODEL_FILE, convert_graph, export_key
+from maskserve.engine.openvino_quantize import Int8Recipe, quantize_graph, quantized_key, recipe_for
+from maskserve.model_api import ModelSpec
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from .export_cache import key_of, model_parts
-from .onnx_export import INPUTS, OUTPUT, MaskLogitsGraph, example_inputs
+from maskserve.engine.export_cache import key_of, model_parts
+from maskserve.engine.onnx_export import INPUTS, OUTPUT, MaskLogitsGraph, example_inputs
 
 # Bump when the graph's layout (wrapper, inputs, outputs, conversion options) changes.
 EXPORT_FORMAT = 1

@@ -38,11 +38,11 @@ from typing import Any
 
 import numpy as np
 
-from .base import pad_batch
-from .cpu import int8_fast
-from .export_cache import key_of
-from .onnx_export import INPUTS, mask_index
-from .openvino_export import MODEL_FILE
+from maskserve.engine.base import pad_batch
+from maskserve.engine.cpu import int8_fast
+from maskserve.engine.export_cache import key_of
+from maskserve.engine.onnx_export import INPUTS, mask_index
+from maskserve.engine.openvino_export import MODEL_FILE
 
 log = logging.getLogger(__name__)
 # Bump when the quantization's recipe (its options, the ignored head, the batching) changes.

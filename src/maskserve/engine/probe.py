@@ -13,9 +13,9 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from .base import pad_batch, probe_texts
-from .export_cache import ExportFailed
-from .onnx_export import mask_index
+from maskserve.engine.base import pad_batch, probe_texts
+from maskserve.engine.export_cache import ExportFailed
+from maskserve.engine.onnx_export import mask_index
 
 # (input_ids, attention_mask, flat mask positions) -> logits at the masks, one row per mask.
 RunGraph = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from .base import (
+from maskserve.engine.base import (
     FillMaskEngine,
     ModelLoadError,
     ThreadPolicy,
@@ -24,8 +24,8 @@ from .base import (
     resolve_dtype,
     split_mlm_head,
 )
-from .cpu import describe_features, precision_in_effect
-from .last_layer import ReadRowsLastLayer
+from maskserve.engine.cpu import describe_features, precision_in_effect
+from maskserve.engine.last_layer import ReadRowsLastLayer
 
 log = logging.getLogger(__name__)
 

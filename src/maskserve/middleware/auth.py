@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler, Middleware
 
-from ..errors import Unauthorized
-from ..keys import service_of
+from maskserve.errors import Unauthorized
+from maskserve.request.keys import service_of
 
 
 def parse_api_keys(text: str | None) -> tuple[str, ...]:

@@ -45,12 +45,12 @@ from importlib import metadata
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from ..settings import Settings, SettingsError
-from .auth import auth_middleware, parse_api_keys
-from .circuit_breaker import circuit_breaker_middleware
-from .cors import cors_middleware, parse_origins
-from .errors import error_middleware
-from .metrics import metrics_middleware
+from maskserve.config.settings import Settings, SettingsError
+from maskserve.middleware.auth import auth_middleware, parse_api_keys
+from maskserve.middleware.circuit_breaker import circuit_breaker_middleware
+from maskserve.middleware.cors import cors_middleware, parse_origins
+from maskserve.middleware.error_sanitizer import error_middleware
+from maskserve.middleware.request_metrics import metrics_middleware
 
 # The tracing stage's own module imports the OpenTelemetry SDK (maskserve[otel]): it is imported
 # only when the stage is on (see _tracing).
@@ -90,8 +90,8 @@ def tracing_configured(settings: Settings) -> bool:
 
 def _tracing(settings: Settings) -> Middleware:
     try:
-        from ..tracing import exporter_factories
-        from .tracing import tracing_middleware
+        from maskserve.middleware.request_tracing import tracing_middleware
+        from maskserve.observability.tracing import exporter_factories
     except ImportError:
         raise ValueError("tracing needs OpenTelemetry: pip install 'maskserve[otel]'") from None
     return tracing_middleware(exporter_factories(settings.traces_exporter))

@@ -11,8 +11,8 @@ from __future__ import annotations
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from ..handling import admit_at_door
-from ..keys import service_of
+from maskserve.request.keys import service_of
+from maskserve.request.run_task import admit_at_door
 
 
 @web.middleware

@@ -7,10 +7,10 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..model_api import FillMaskModel, Query, text_answer_json
-from ..schemas import FillMaskRequest, RequestParser
-from ..whole_words import FillWord, TextPlan, text_predictions
-from ..work_queue import Answer, slowest
+from maskserve.model_api import FillMaskModel, Query, text_answer_json
+from maskserve.serving.work_queue import Answer, slowest
+from maskserve.tasks.fill_mask_request import FillMaskRequest, RequestParser
+from maskserve.tasks.whole_words import FillWord, TextPlan, text_predictions
 
 
 @dataclass(frozen=True)

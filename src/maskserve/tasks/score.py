@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..model_api import FillMaskModel, Query
-from ..score_schemas import ScoreRequest, ScoreRequestParser
-from ..scoring import TextScore, text_scores
-from ..work_queue import Answer
+from maskserve.model_api import FillMaskModel, Query
+from maskserve.serving.work_queue import Answer
+from maskserve.tasks.pseudo_likelihood import TextScore, text_scores
+from maskserve.tasks.score_request import ScoreRequest, ScoreRequestParser
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from ..model_api import FillMaskModel, Query
-from ..work_queue import Answer
+from maskserve.model_api import FillMaskModel, Query
+from maskserve.serving.work_queue import Answer
 
 
 class Plan(Protocol):

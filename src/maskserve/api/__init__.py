@@ -1,0 +1,1 @@
+"""The API's surfaces: the HF and raw bodies, the Open Inference Protocol, the probes, /info, OpenAPI."""

@@ -1,0 +1,156 @@
+"""``GET /info``: what is served and how: model, runtime, batching, breaker, limits, versions.
+
+Everything comes from the settings and the model's own ``describe()``: the HTTP side never
+imports torch, and nothing here runs the model.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Sequence
+
+import aiohttp
+from aiohttp import web
+
+from maskserve import __version__
+from maskserve.config.settings import Settings, followed
+from maskserve.model_api import FillMaskModel, describe_model
+from maskserve.request.keys import service_of
+
+Section = dict[str, str | int | float | bool | None]
+# A served model's section in the "models" list: its own, with its batching and limits nested.
+ModelEntry = dict[str, str | int | float | bool | Section | None]
+
+
+def model_section(model: FillMaskModel | None, name: str) -> Section | None:
+    """The model, by the ``name`` clients use (``--model-name``), and how it runs; fields a model (a
+    test double) cannot tell are null."""
+    if model is None:
+        return None
+    description = describe_model(model)
+    return {
+        "name": name,
+        "source": description.get("source", model.name),
+        "backend": description.get("backend"),
+        "architecture": description.get("architecture"),
+        "mask_token": model.mask_token,
+        "max_tokens": model.max_tokens,
+        "device": description.get("device"),
+        "dtype": description.get("dtype"),
+        # The precision a pass computes in and on what ("bfloat16 on AMX", "... emulated ..."),
+        # and the CPU's matrix units: what to read before choosing --dtype and --backend.
+        "precision": description.get("precision"),
+        "cpu_matrix_features": description.get("cpu_matrix_features"),
+        # With --quantize int8 on openvino: what multiplies int8 here (AMX, VNNI, or AVX2 with the
+        # overflow fix) and the recipe the graph was quantized by for it.
+        "int8_kernels": description.get("int8_kernels"),
+        "int8_recipe": description.get("int8_recipe"),
+        "torch_threads": description.get("torch_threads"),
+        "mask_only_head": description.get("mask_only_head"),
+        # torch: whether the last encoder layer runs at the rows the head reads only.
+        "read_rows_last_layer": description.get("read_rows_last_layer"),
+        # The onnxruntime and openvino backends' own (null on torch): threads, and the graph run.
+        "onnxruntime_threads": description.get("onnxruntime_threads"),
+        "openvino_threads": description.get("openvino_threads"),
+        "export_cache_key": description.get("export_cache_key"),
+        "export_path": description.get("export_path"),
+        "load_seconds": description.get("load_seconds"),
+    }
+
+
+def batching_section(settings: Settings) -> Section:
+    return {
+        "max_batch_size": settings.max_batch_size,
+        "max_batch_tokens": settings.max_batch_tokens,
+        "max_batch_delay_s": settings.max_batch_delay,
+    }
+
+
+def limits_section(settings: Settings) -> Section:
+    return {
+        "max_body_bytes": settings.max_body_bytes,
+        "max_text_chars": settings.max_text_chars,
+        "max_inputs": settings.max_inputs,
+        "max_top_k": settings.max_top_k,
+        "max_targets": settings.max_targets,
+        "default_top_k": settings.default_top_k,
+        "max_score_tokens": settings.max_score_tokens,
+        "max_word_copies": settings.max_word_copies,
+    }
+
+
+def followed_section(settings: Settings) -> Section:
+    """Each limit the user left alone whose default moved to fit one they set, and that setting."""
+    return {name: other for name, other in followed(settings).items()}
+
+
+def models_list(served: Sequence[tuple[str, Settings, FillMaskModel | None]]) -> list[ModelEntry]:
+    """Every served model by name, the default first: how it runs, its queue bound, its batching and limits."""
+    entries: list[ModelEntry] = []
+    for name, settings, model in served:
+        section = model_section(model, name) or {"name": name}
+        entry: ModelEntry = {**section, "quantize": settings.quantize, "max_queue": settings.max_queue}
+        entry["batching"] = batching_section(settings)
+        entry["limits"] = limits_section(settings)
+        entry["defaults_followed"] = followed_section(settings)
+        entries.append(entry)
+    return entries
+
+
+def server_info(
+    settings: Settings,
+    model: FillMaskModel | None,
+    middleware: tuple[str, ...] = (),
+    served: Sequence[tuple[str, Settings, FillMaskModel | None]] | None = None,
+) -> dict[str, Section | list[str] | list[ModelEntry] | None]:
+    """The server's description; ``model`` is the default model, ``served`` every model (name,
+    settings, engine once loaded), the default alone when not given."""
+    description = describe_model(model) if model is not None else {}
+    default = model_section(model, settings.model_name if not served else served[0][0])
+    if default is not None:
+        default["quantize"] = settings.quantize
+    return {
+        # The default model, which POST / serves (every model is in "models").
+        "model": default,
+        "models": models_list(served or [(settings.model_name, settings, model)]),
+        # The active middleware stages, outermost first (auth and cors only when configured).
+        "middleware": list(middleware),
+        "batching": batching_section(settings),
+        "breaker": {
+            "max_queue": settings.max_queue,
+            "request_timeout_s": settings.request_timeout,
+            "drain_delay_s": settings.drain_delay,
+            "drain_timeout_s": settings.drain_timeout,
+            "stall_timeout_s": settings.stall_timeout,
+        },
+        # What a client connection may take and hold (connections.py).
+        "connections": {
+            "header_timeout_s": settings.header_timeout,
+            "body_timeout_s": settings.body_timeout,
+            "write_timeout_s": settings.write_timeout,
+            "keepalive_timeout_s": settings.keepalive_timeout,
+            "max_connections": settings.max_connections,
+            "max_unsent_bytes": settings.max_unsent_bytes,
+        },
+        "limits": limits_section(settings),
+        # Each limit the user left alone whose default moved to fit one they set, and that setting
+        # (--max-queue 8: {"max_inputs": "max_queue", ...}); the values are in the sections above.
+        "defaults_followed": followed_section(settings),
+        "versions": {
+            "maskserve": __version__,
+            "torch": description.get("torch_version"),
+            "transformers": description.get("transformers_version"),
+            "onnxruntime": description.get("onnxruntime_version"),
+            "openvino": description.get("openvino_version"),
+            "aiohttp": aiohttp.__version__,
+            "python": platform.python_version(),
+        },
+    }
+
+
+async def info(request: web.Request) -> web.Response:
+    """``GET /info``: the served model and the server's configuration, as JSON."""
+    service = service_of(request.app)
+    served = [(m.name, m.settings, m.parts.model if m.parts is not None else None) for m in service.models.values()]
+    default = service.default
+    return web.json_response(server_info(default.settings, served[0][2], service.middleware, served))

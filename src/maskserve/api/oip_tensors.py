@@ -1,0 +1,261 @@
+"""The Open Inference Protocol's ("KServe v2") infer request and response for fill-mask. No aiohttp.
+
+The model takes one BYTES input, ``text``, of shape ``[-1]``: one or more UTF-8 texts. It answers
+one BYTES output, ``predictions``, of the same shape: per text, the JSON that ``POST /`` answers
+for that text alone (as MLServer's Hugging Face runtime does). ``top_k`` and ``targets`` are
+request ``parameters``; the protocol's parameter values are scalars, so ``targets`` is a string,
+comma-separated for several words (a JSON list is accepted too). ``multi_token_targets`` is as
+for ``POST /``.
+
+Tensor data comes as JSON (the protocol's required form) or in Triton's binary tensor data
+extension, which ``tritonclient`` uses by default: the body is the JSON header
+(``Inference-Header-Content-Length`` bytes) followed by the raw tensors, a BYTES element being a
+4-byte little-endian length and its bytes. Outputs are answered in the form asked for.
+Everything is checked here, before anything is queued, naming the field at fault.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+
+from maskserve.config.settings import Settings
+from maskserve.errors import InvalidBody, InvalidInput
+from maskserve.tasks.fill_mask_request import FillMaskRequest, load_json, multi_token_targets_schema, schema_error
+
+INPUT_NAME = "text"
+OUTPUT_NAME = "predictions"
+DATATYPE = "BYTES"
+# Triton's binary tensor data extension: the JSON header's length, in a request and in a response.
+HEADER_LENGTH = "Inference-Header-Content-Length"
+_LENGTH = struct.Struct("<I")
+
+
+def infer_request_schema(settings: Settings) -> dict[str, Any]:
+    """The JSON schema of an infer request's JSON (header), with this server's limits."""
+    parameters = {"type": "object", "additionalProperties": {"type": ["string", "number", "boolean", "array"]}}
+    return {
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {
+            "id": {"type": "string"},
+            "parameters": {
+                **parameters,
+                "properties": {
+                    "top_k": {"type": "integer", "minimum": 1, "maximum": settings.max_top_k},
+                    "targets": {
+                        "oneOf": [
+                            {"type": "string", "minLength": 1},
+                            {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                        ],
+                        "x-messages": {
+                            "oneOf": "parameters.targets must be a word, several comma-separated, or a list of words"
+                        },
+                    },
+                    "multi_token_targets": multi_token_targets_schema(),
+                    "binary_data_output": {"type": "boolean"},
+                },
+            },
+            "inputs": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 1,
+                "x-messages": {
+                    "minItems": f'inputs must hold exactly one input, "{INPUT_NAME}"',
+                    "maxItems": f'inputs must hold exactly one input, "{INPUT_NAME}"',
+                },
+                "items": {
+                    "type": "object",
+                    "required": ["name", "shape", "datatype"],
+                    "properties": {
+                        "name": {"const": INPUT_NAME},
+                        "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}, "maxItems": 8},
+                        "datatype": {"const": DATATYPE},
+                        "parameters": {
+                            **parameters,
+                            "properties": {"binary_data_size": {"type": "integer", "minimum": 0}},
+                        },
+                        "data": {"type": "array"},
+                    },
+                },
+            },
+            "outputs": {
+                "type": "array",
+                "maxItems": 1,
+                "items": {
+                    "type": "object",
+                    "required": ["name"],
+                    "properties": {
+                        "name": {"const": OUTPUT_NAME},
+                        "parameters": {**parameters, "properties": {"binary_data": {"type": "boolean"}}},
+                    },
+                },
+            },
+        },
+    }
+
+
+@dataclass(frozen=True)
+class InferRequest:
+    """A parsed infer request: what to fill, its id to echo, and whether to answer in binary."""
+
+    request: FillMaskRequest
+    id: str | None
+    binary_output: bool
+
+
+def _flatten(data: list[Any]) -> list[Any]:
+    """Row-major elements of a (possibly nested) JSON tensor; its depth is bounded by the parser."""
+    flat: list[Any] = []
+    for item in data:
+        if isinstance(item, list):
+            flat.extend(_flatten(item))
+        else:
+            flat.append(item)
+    return flat
+
+
+def decode_bytes_tensor(blob: bytes, count: int) -> list[bytes]:
+    """``count`` BYTES elements of Triton's binary form: each a 4-byte little-endian length, then it."""
+    items: list[bytes] = []
+    offset = 0
+    for _ in range(count):
+        if offset + _LENGTH.size > len(blob):
+            raise InvalidInput("the binary text tensor holds fewer elements than its shape says", field="inputs[0]")
+        (length,) = _LENGTH.unpack_from(blob, offset)
+        offset += _LENGTH.size
+        if offset + length > len(blob):
+            raise InvalidInput("an element of the binary text tensor runs past its end", field="inputs[0]")
+        items.append(blob[offset : offset + length])
+        offset += length
+    if offset != len(blob):
+        raise InvalidInput("the binary text tensor holds more data than its shape says", field="inputs[0]")
+    return items
+
+
+def encode_bytes_tensor(items: Sequence[bytes]) -> bytes:
+    return b"".join(_LENGTH.pack(len(item)) + item for item in items)
+
+
+class InferRequestParser:
+    """Turns an infer request body into an :class:`InferRequest`, or raises a 4xx naming the problem."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._validator = jsonschema.Draft202012Validator(infer_request_schema(settings))
+
+    def parse(self, body: bytes, header_length: str | None) -> InferRequest:
+        header, binary = self._split(body, header_length)
+        document = load_json(header, self.settings.max_json_depth)
+        error = jsonschema.exceptions.best_match(self._validator.iter_errors(document))
+        if error is not None:
+            raise schema_error(error)
+        tensor = document["inputs"][0]
+        texts = self._texts(tensor, binary)
+        parameters = document.get("parameters") or {}
+        outputs = document.get("outputs")
+        binary_output = (
+            bool(outputs[0].get("parameters", {}).get("binary_data", False))
+            if outputs
+            else bool(parameters.get("binary_data_output", False))
+        )
+        top_k = parameters.get("top_k")
+        mode = parameters.get("multi_token_targets")
+        return InferRequest(
+            request=FillMaskRequest(
+                texts=tuple(texts),
+                batched=True,
+                location="inputs[0].data",
+                top_k=self.settings.default_top_k if top_k is None else int(top_k),
+                targets=self._targets(parameters.get("targets")),
+                **({} if mode is None else {"multi_token_targets": mode}),
+            ),
+            id=document.get("id"),
+            binary_output=binary_output,
+        )
+
+    def _split(self, body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
+        if header_length is None:
+            return body, b""
+        try:
+            length = int(header_length)
+        except ValueError:
+            length = -1
+        if not 0 < length <= len(body):
+            raise InvalidBody(
+                f"{HEADER_LENGTH} must be the length of the JSON header, at most the body's {len(body)} bytes"
+            )
+        return body[:length], body[length:]
+
+    def _texts(self, tensor: dict[str, Any], binary: bytes) -> list[str]:
+        shape: list[int] = tensor["shape"]
+        count = math.prod(shape)
+        if not 1 <= count <= self.settings.max_inputs:
+            raise InvalidInput(
+                f"inputs[0].shape holds {count} texts; send 1 to {self.settings.max_inputs}", field="inputs[0].shape"
+            )
+        binary_size = (tensor.get("parameters") or {}).get("binary_data_size")
+        if binary_size is not None:
+            if "data" in tensor or binary_size != len(binary):
+                raise InvalidInput(
+                    "inputs[0] must carry its texts either in data or in binary_data_size bytes after the "
+                    "JSON header, which must be all the body holds after it",
+                    field="inputs[0]",
+                )
+            raw = decode_bytes_tensor(binary, count)
+        else:
+            if binary:
+                raise InvalidInput("binary data follows the JSON header, but no input names its size", field="inputs")
+            if "data" not in tensor:
+                raise InvalidInput("inputs[0] needs data: the texts, a list of strings", field="inputs[0].data")
+            flat = _flatten(tensor["data"])
+            if len(flat) != count or not all(isinstance(item, str) for item in flat):
+                raise InvalidInput(
+                    f"inputs[0].data must hold {count} strings, as its shape {shape} says", field="inputs[0].data"
+                )
+            return flat
+        try:
+            return [item.decode("utf-8") for item in raw]
+        except UnicodeDecodeError:
+            raise InvalidInput("a text of the binary tensor is not valid UTF-8", field="inputs[0]") from None
+
+    def _targets(self, targets: str | list[str] | None) -> tuple[str, ...] | None:
+        if targets is None:
+            return None
+        words = targets.split(",") if isinstance(targets, str) else targets
+        if len(words) > self.settings.max_targets:
+            raise InvalidInput(
+                f"parameters.targets holds more than {self.settings.max_targets} words", field="parameters.targets"
+            )
+        return tuple(word.strip() for word in words)
+
+
+def infer_response(
+    model_name: str, request: InferRequest, texts_json: Sequence[bytes], *, version: str | None = None
+) -> tuple[bytes, dict[str, str]]:
+    """The infer response's body and headers, in JSON or in the binary extension as asked.
+
+    Each text's output element is the JSON ``POST /`` answers for that text alone, as the
+    inference thread made it (``Answer.json``). ``model_version`` is there when the request named
+    a version, and the request's ``id`` is echoed.
+    """
+    items = list(texts_json)
+    output: dict[str, Any] = {"name": OUTPUT_NAME, "datatype": DATATYPE, "shape": [len(items)]}
+    response: dict[str, Any] = {"model_name": model_name, "outputs": [output]}
+    if version is not None:
+        response["model_version"] = version
+    if request.id is not None:
+        response["id"] = request.id
+    if not request.binary_output:
+        output["data"] = [item.decode() for item in items]
+        return json.dumps(response).encode(), {"Content-Type": "application/json"}
+    blob = encode_bytes_tensor(items)
+    output["parameters"] = {"binary_data_size": len(blob)}
+    header = json.dumps(response).encode()
+    return header + blob, {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(header))}

@@ -1,0 +1,1 @@
+"""The settings: every flag and variable, and the models served by name."""

@@ -1,0 +1,129 @@
+"""The demo page's scoring form: sentences in, each one's pseudo-log-likelihood and a bar per token out.
+
+``POST /demo/score`` takes the form (``sentences``, one a line; ``metric``) and answers the whole
+page with the scores, or with the error inline and the typed sentences kept. It goes the way of
+``POST /score``: the same admission at the door, checks, masked copies, queue and deadline, so
+the page and the API make the same decisions. Without JavaScript the form is an ordinary post.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from maskserve.config.settings import Settings
+from maskserve.demo.page import (
+    PageError,
+    ScoreForm,
+    ScoreResult,
+    SentenceScore,
+    TokenBar,
+    form_fields,
+    milliseconds,
+    page_error,
+    page_model,
+    render,
+)
+from maskserve.errors import InvalidInput, MaskserveError
+from maskserve.request.run_task import admit_at_door, note_error, run_task, timing_headers
+from maskserve.service.registry import ServedModel
+from maskserve.serving.work_queue import Answer, slowest
+from maskserve.tasks.pseudo_likelihood import METRICS, TextScore
+from maskserve.tasks.score_request import DEFAULT_METRIC, ScoreRequest
+
+# The bars are drawn on a log scale: a token the model was sure of (log-probability 0) fills its
+# track, and one at this log-probability or below shows as a sliver. Probabilities themselves
+# would leave nearly every bar empty, since most tokens of a sentence are far from certain; this
+# floor (about one in five hundred million) keeps the unlikely tokens of a sentence apart.
+LOG_PROB_FLOOR = -20.0
+# How a sentence of several is named in an error, by its line's number among the sentences.
+SENTENCE = "sentence {number}"
+
+
+class BadMetric(InvalidInput):
+    """The form's metric is none of the metrics. Its kind stays ``invalid_input``; the class only
+    tells the page which field to mark."""
+
+
+def nats(log_prob: float) -> str:
+    """A log-probability as shown; the most negative float stands for a probability that underflowed."""
+    return "-inf" if math.isinf(log_prob) or log_prob <= -1e308 else f"{log_prob:.2f}"
+
+
+def bar_width(log_prob: float) -> int:
+    """1-100 on the log scale of :data:`LOG_PROB_FLOOR`; at least a sliver, since 0 reads as "impossible"."""
+    # Clamped first: the most negative float (an underflowed probability) would overflow the arithmetic.
+    clamped = min(0.0, max(LOG_PROB_FLOOR, log_prob))
+    return max(1, round(100 * (1 - clamped / LOG_PROB_FLOOR)))
+
+
+def score_result(texts: Sequence[str], scores: Sequence[TextScore], answers: Sequence[Answer]) -> ScoreResult:
+    """What the page shows of the sentences' scores, and of how their copies were served."""
+    # The slowest copy's figures, as the timing headers give them.
+    timing = slowest(answers)
+    return ScoreResult(
+        sentences=tuple(
+            SentenceScore(
+                text=text,
+                score=nats(score.score),
+                tokens=tuple(
+                    TokenBar(token=t["token_str"], log_prob=nats(t["score"]), width=bar_width(t["score"]))
+                    for t in score.tokens
+                ),
+            )
+            for text, score in zip(texts, scores, strict=True)
+        ),
+        queued_ms=milliseconds(timing.queued_s),
+        computing_ms=milliseconds(timing.inference_s),
+        batch_size=timing.batch_size,
+    )
+
+
+def parse_form(sentences: str, metric: str, settings: Settings) -> ScoreRequest:
+    """The form as a ``/score`` request: one text a non-blank line, within ``--max-inputs``."""
+    if metric not in METRICS:
+        raise BadMetric(f"the metric must be one of {', '.join(METRICS)}", field="metric")
+    texts = tuple(line for line in sentences.splitlines() if line.strip())
+    if not texts:
+        raise InvalidInput("there is no sentence to score: write one a line", field="sentences")
+    if len(texts) > settings.max_inputs:
+        raise InvalidInput(
+            f"there are {len(texts)} sentences; the limit is {settings.max_inputs} at once (--max-inputs)",
+            field="sentences",
+        )
+    return ScoreRequest(texts=texts, batched=True, metric=metric, tokens=True, element=SENTENCE)
+
+
+def form_error(error: MaskserveError) -> PageError:
+    """The error in plain words, marking the scoring form's field it is about ("" for the whole form)."""
+    shown = page_error(error)
+    if isinstance(error, BadMetric):
+        return PageError("Check the metric", shown.message, "metric")
+    return PageError(shown.title, shown.message, "sentences" if shown.field else "")
+
+
+async def demo_score(request: web.Request) -> web.Response:
+    """``POST /demo/score``: the scores, through ``POST /score``'s admission, checks, queue and deadline."""
+    # Read before admission, as the fill-mask form is: a refusal must still show the typed text.
+    sentences, metric, model = await form_fields(request, "sentences", "metric", "model")
+    metric = metric or DEFAULT_METRIC
+    served: ServedModel | None = None
+    try:
+        served = chosen = page_model(request, model)
+        admit_at_door(request, served)
+
+        async def read() -> ScoreRequest:
+            return parse_form(sentences, metric, chosen.settings)
+
+        ran = await run_task(request, served, served.score, read)
+    except MaskserveError as exc:
+        note_error(request, exc)
+        headers = {**exc.headers(), "Cache-Control": "no-store"}
+        scoring = ScoreForm(sentences, metric, error=form_error(exc))
+        return render(request, text="", top_k="", scoring=scoring, status=exc.status, headers=headers, served=served)
+    scoring = ScoreForm(sentences, metric, result=score_result(ran.request.texts, ran.result, ran.rows))
+    # The answered page holds the typed sentences: no cache may keep it.
+    headers = {**timing_headers(ran.rows), "Cache-Control": "no-store"}
+    return render(request, text="", top_k="", scoring=scoring, headers=headers, served=served)

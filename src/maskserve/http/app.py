@@ -1,0 +1,232 @@
+"""The app factory: shared state, lifecycle, middlewares and routes, wired in one place."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import aiohttp_jinja2
+import jinja2
+from aiohttp import web
+
+from maskserve.api.health import ready
+from maskserve.config.model_configs import ModelConfig, model_configs
+from maskserve.config.model_configs import check as check_models
+from maskserve.config.settings import Settings, SettingsCheck
+from maskserve.demo.page import security_headers
+from maskserve.errors import ShuttingDown
+from maskserve.http.agent import agent_context
+from maskserve.http.routes import setup_routes
+from maskserve.middleware import chain
+from maskserve.middleware.chain import Spec, build_chain
+from maskserve.middleware.slow_clients import connections_middleware
+from maskserve.model_api import FillMaskModel, ModelSpec
+from maskserve.request.keys import SERVICE_KEY
+from maskserve.service.registry import FillMaskService, Loaded, ModelParts
+from maskserve.serving.admission import Admission
+from maskserve.serving.batcher import Batcher
+from maskserve.serving.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+# What start-up checks beyond each value's own parsing, before a model loads or a port opens:
+# ``load_settings(argv, checks=SETTINGS_CHECKS)``. Each check belongs to the layer that uses the
+# setting and is handed down from here, so the settings never import what sits above them.
+SETTINGS_CHECKS: dict[str, SettingsCheck] = {
+    "traces_exporter": chain.check_tracing,
+    "middleware": chain.check_setting,
+    "model": check_models,
+}
+
+
+def model_spec(config: ModelConfig) -> ModelSpec:
+    """The model a configuration names, and how to load it (by its own settings)."""
+    settings = config.settings
+    return ModelSpec(
+        model=config.source,
+        backend=settings.backend,
+        cache_dir=settings.resolved_cache_dir(),
+        device=settings.device,
+        dtype=settings.dtype,
+        threads=settings.resolved_threads(),
+        adaptive_threads=settings.adaptive_threads,
+        quantize=settings.quantize,
+    )
+
+
+def load_models(configs: Sequence[ModelConfig]) -> dict[str, FillMaskModel]:
+    """Load every model, in order, by name. Imported lazily: the HTTP side never imports torch.
+
+    With several models, a refusal names the model it is about; it stops the start either way.
+    """
+    from maskserve.engine import BackendUnavailable, ModelLoadError, load
+
+    models: dict[str, FillMaskModel] = {}
+    for config in configs:
+        try:
+            models[config.name] = load(model_spec(config))
+        except (ModelLoadError, BackendUnavailable) as exc:
+            if len(configs) == 1:
+                raise
+            raise type(exc)(f"model {config.name!r}: {exc}") from exc
+    return models
+
+
+def load_model(settings: Settings) -> FillMaskModel:
+    """Load the (first) model the settings name; see :func:`load_models`."""
+    return next(iter(load_models(model_configs(settings)[:1]).values()))
+
+
+def inference_thread() -> ThreadPoolExecutor:
+    """The one inference thread: the model never runs two batches at once, and torch's own
+    intra-op threads (sized to the cores we have) do the parallel work.
+
+    Load the models on it too (``submit(load_models, configs)``): torch keeps thread-local state
+    (its OpenMP team, the thread counts it set), and a model loaded on one thread and run on
+    another runs measurably slower per text (``benchmarks/profile_request.py`` shows it).
+    """
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="maskserve-inference")
+
+
+def inference_context(
+    engines: Mapping[str, FillMaskModel] | None, thread: ThreadPoolExecutor | None = None
+) -> Callable[[web.Application], contextlib.AbstractAsyncContextManager[None]]:
+    """One owner for the models, the inference thread and the batch loop."""
+
+    @contextlib.asynccontextmanager
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        service = app[SERVICE_KEY]
+        executor = thread or inference_thread()
+        loop = asyncio.get_running_loop()
+        configs = [served.config for served in service.models.values()]
+        loaded = dict(engines) if engines is not None else await loop.run_in_executor(executor, load_models, configs)
+        scheduler = Scheduler(executor)
+        models: dict[str, ModelParts] = {}
+        for served in service.models.values():
+            batcher = Batcher(loaded[served.name], executor, served.settings, scheduler=scheduler, name=served.name)
+            if served.settings.warmup:
+                # Before the port opens and before the metrics look: its passes are no one's requests.
+                seconds = await batcher.warm_up(served.settings.max_top_k)
+                log.info(
+                    "%s warmed up in %.2fs: the longest batch its limits admit would take about %.1fs here; "
+                    "stall budget %.1fs",
+                    served.name,
+                    seconds,
+                    batcher.calibrated_longest_s,
+                    batcher.stall_budget(served.settings.stall_timeout),
+                )
+            served.parts = models[served.name] = ModelParts(loaded[served.name], batcher, Admission(batcher))
+        # One thread, so that tokenizing long texts takes at most one core from the models.
+        tokenizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="maskserve-tokenizer")
+        task = asyncio.create_task(scheduler.run(), name="maskserve-batch-loop")
+        service.loaded = Loaded(models, scheduler, tokenizer, task)
+        for name, parts in models.items():
+            service.metrics.attach(parts.batcher, parts.admission, name)
+        service.metrics.watch_readiness(lambda: ready(service).ok)
+        try:
+            yield
+        finally:
+            scheduler.close()
+            for parts in models.values():
+                parts.batcher.fail_pending(ShuttingDown("the server stopped before this request ran"))
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            tokenizer.shutdown(wait=False, cancel_futures=True)
+            if thread is None:  # a thread handed in is its caller's to stop
+                # Don't wait for a hung forward pass: the process is leaving anyway.
+                executor.shutdown(wait=False, cancel_futures=True)
+
+    return context
+
+
+async def close_connections_while_draining(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: once draining, every response asks its client to reconnect.
+
+    The next request of a keep-alive client then opens a new connection, which the load balancer
+    sends elsewhere, instead of racing the listener's close on this one.
+    """
+    if request.app[SERVICE_KEY].lifecycle.draining:
+        response.force_close()
+        # aiohttp has already written its keep-alive decision into the headers by now.
+        response.headers["Connection"] = "close"
+
+
+async def drain_on_shutdown(app: web.Application) -> None:
+    """The listener has closed (after the drain delay): refuse new work, finish what was accepted
+    within the drain budget."""
+    service = app[SERVICE_KEY]
+    service.lifecycle.start_draining()  # for an app stopped without the runner's signals
+    scheduler = service.scheduler
+    scheduler.close()
+    settings = service.settings
+    log.info(
+        "shutting down: draining %d queued texts%s (budget %.1fs)",
+        scheduler.depth,
+        " and the batch in flight" if scheduler.in_flight is not None else "",
+        settings.drain_timeout,
+    )
+    if not await scheduler.drain(settings.drain_timeout):
+        stopped = ShuttingDown("the server stopped before this request ran")
+        refused = sum(lane.fail_pending(stopped) for lane in scheduler.lanes)
+        log.warning("drain budget of %.1fs spent; answered %d queued requests 503", settings.drain_timeout, refused)
+
+
+def create_app(
+    settings: Settings,
+    *,
+    engine: FillMaskModel | None = None,
+    engines: Mapping[str, FillMaskModel] | None = None,
+    thread: ThreadPoolExecutor | None = None,
+    middlewares: Spec | None = None,
+) -> web.Application:
+    """Build the server. Without ``engine`` or ``engines``, the models named in ``settings`` are
+    loaded at start-up, on the inference thread. Models loaded beforehand come as ``engines`` (by
+    the names the settings give them) or, for a server of one model, as ``engine``; they should
+    come with the :func:`inference_thread` they were loaded on, as ``thread``, which stays its
+    caller's to shut down.
+
+    ``middlewares`` overrides ``settings.middleware`` with the same specification, as a string or
+    a list of names and factories (see :mod:`maskserve.middleware.chain`, where the built-in stages
+    and their order are declared); a bad one raises ``MiddlewareError`` here, before any serving.
+    """
+    chain = build_chain(settings.middleware if middlewares is None else middlewares, settings)
+    # The connection stage comes before the chain and is not a stage of it: it belongs to the
+    # server's connections (their write timeout, and the head's timer, which needs to know when
+    # each request is served), so no specification may leave it out or move it.
+    app = web.Application(
+        middlewares=[connections_middleware, *chain.middlewares], client_max_size=settings.max_body_bytes
+    )
+    service = app[SERVICE_KEY] = FillMaskService(settings, chain.names)
+    if engine is not None:
+        if engines is not None or len(service.models) != 1:
+            raise ValueError("engine= serves a server of one model; give several as engines=")
+        engines = {service.default.name: engine}
+    if engines is not None and list(engines) != list(service.models):
+        raise ValueError(f"engines= names {list(engines)}, but the settings serve {list(service.models)}")
+    # Stages that own resources for the app's life register them first, so that they are set up
+    # before the model's lifecycle and torn down after it (see middleware/chain.py).
+    for middleware in chain.middlewares:
+        setup_app = getattr(middleware, "setup_app", None)
+        if callable(setup_app):
+            setup_app(app)
+    app.cleanup_ctx.append(inference_context(engines, thread))
+    if settings.agent_port:
+        app.cleanup_ctx.append(agent_context(settings.agent_port))
+    app.on_shutdown.append(drain_on_shutdown)
+    # The demo page's templates, from the package; autoescape on, and a missing variable is an
+    # error rather than an empty string.
+    aiohttp_jinja2.setup(
+        app,
+        loader=jinja2.PackageLoader("maskserve", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    # CSP on HTML, nosniff and Referrer-Policy everywhere (static files and errors included).
+    app.on_response_prepare.append(security_headers)
+    app.on_response_prepare.append(close_connections_while_draining)
+    setup_routes(app)
+    return app

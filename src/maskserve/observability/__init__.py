@@ -1,0 +1,1 @@
+"""Logs, Prometheus metrics and OpenTelemetry traces: what the server says of its work."""

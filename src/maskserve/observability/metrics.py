@@ -1,0 +1,328 @@
+"""Prometheus metrics: one registry per app, fed by the request middleware and the batchers.
+
+Every series about a model's work (requests, queue, batches, refusals) is labelled ``model``, the
+name clients use for it; a request that named no served model (a probe, an unknown name) has
+``model=""``, so that a client cannot make new series by inventing names.
+
+Each app owns a :class:`prometheus_client.CollectorRegistry` (never the process-global one), so
+several apps in one process, as in the tests, keep separate counts. Request figures come from
+``middleware/metrics.py``, batch figures from a batcher listener (on the event loop, once per
+forward pass), and the live state (queue depth, drops, refusals) is read at scrape time, so it
+can never drift from the batcher's own counters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    Info,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+
+from maskserve import __version__
+from maskserve.model_api import describe_model
+from maskserve.serving.admission import Admission
+from maskserve.serving.batcher import Batcher
+from maskserve.serving.connection_guard import CLOSE_REASONS, ConnectionGuard
+from maskserve.serving.costs import ONE_TEXT, BatchReport
+from maskserve.serving.work_queue import Answer
+
+# Seconds, from a cache-warm small model (about a millisecond) to the default deadline and past it.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+
+# Every refusal reason admission counts, exported at 0 before the first one happens, so that
+# rate() and alerts see the series from the start.
+REFUSAL_REASONS = ("queue_full", "predicted_timeout", "shutting_down")
+
+
+class Metrics:
+    """The app's metric objects and its registry; :meth:`attach` it to the batcher once started."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        registry = self.registry
+        self.requests = Counter(
+            "maskserve_requests",
+            "HTTP requests answered, by route, status code, kind (ok or the error kind) and model.",
+            ["route", "status", "kind", "model"],
+            registry=registry,
+        )
+        self.request_seconds = Histogram(
+            "maskserve_request_duration_seconds",
+            "Time from the request reaching the app to its response, by route and model.",
+            ["route", "model"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.queue_wait_seconds = Histogram(
+            "maskserve_queue_wait_seconds",
+            "Time each answered text waited in its model's queue before its forward pass started.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.inference_seconds = Histogram(
+            "maskserve_inference_duration_seconds",
+            "Time of each forward pass (one batch, of one model) on the inference thread.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.batch_size = Histogram(
+            "maskserve_batch_size",
+            "Texts in each forward pass.",
+            ["model"],
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=registry,
+        )
+        self.batch_padded_tokens = Histogram(
+            "maskserve_batch_padded_tokens",
+            "Tokens each forward pass computed: texts x longest text, padding included.",
+            ["model"],
+            buckets=TOKEN_BUCKETS,
+            registry=registry,
+        )
+        self.batch_padding_ratio = Histogram(
+            "maskserve_batch_padding_ratio",
+            "Share of each forward pass spent on padding: 1 - real tokens / padded tokens.",
+            ["model"],
+            buckets=RATIO_BUCKETS,
+            registry=registry,
+        )
+        self.busy_seconds = Counter(
+            "maskserve_inference_busy_seconds",
+            "Seconds the inference thread spent in forward passes, counted when each pass ends. "
+            "rate() of it is the thread's busy ratio (summed over models: the thread is shared).",
+            ["model"],
+            registry=registry,
+        )
+        self.failed_texts = Counter(
+            "maskserve_inference_failed_texts",
+            "Texts the model failed on, after isolating them from their batch (500 inference_failed).",
+            ["model"],
+            registry=registry,
+        )
+        self.model_info = Info(
+            "maskserve_model",
+            "Each model served and how it runs (labels); the value is always 1.",
+            ["model"],
+            registry=registry,
+        )
+        self._state = _ServingState()
+        registry.register(self._state)
+        # The process's own figures (start time, CPU, memory, open files), on this app's registry:
+        # a restart shows as a new start time, not only as counters that fell back to zero.
+        ProcessCollector(registry=registry)
+
+    def watch_connections(self, guard: ConnectionGuard) -> None:
+        """Export the client connections' figures, read from ``guard`` at scrape time."""
+        self.registry.register(_ConnectionState(guard))
+
+    def attach(self, batcher: Batcher, admission: Admission | None = None, model_name: str | None = None) -> None:
+        """Start observing one model's batches, and export its state (and admission's) at scrape time.
+
+        ``model_name`` is the name clients use (``--model``'s NAME); the model's own, its source, is a
+        label of its info too.
+        """
+        name = model_name or batcher.name
+        batcher.listeners.append(lambda report: self.observe_batch(report, name))
+        description = describe_model(batcher.model)
+        load_seconds = description.get("load_seconds")
+        self._state.lanes.append(
+            _Lane(name, batcher, admission, float(load_seconds) if isinstance(load_seconds, int | float) else None)
+        )
+        self.model_info.labels(model=name).info(
+            {
+                "name": name,
+                "source": str(description.get("source", batcher.model.name)),
+                "mask_token": batcher.model.mask_token,
+                "device": str(description.get("device", "unknown")),
+                "dtype": str(description.get("dtype", "unknown")),
+                "maskserve_version": __version__,
+            }
+        )
+
+    def watch_readiness(self, ready: Callable[[], bool]) -> None:
+        """Export ``maskserve_ready`` from the readiness probe's own verdict, handed down by the layer
+        that owns it, so the gauge and ``/readyz`` can never disagree."""
+        self._state.ready = ready
+
+    def observe_batch(self, report: BatchReport, model: str) -> None:
+        """Batcher listener: one call per forward pass, on the event loop."""
+        self.inference_seconds.labels(model=model).observe(report.seconds)
+        self.busy_seconds.labels(model=model).inc(report.seconds)
+        self.batch_size.labels(model=model).observe(report.size)
+        self.batch_padded_tokens.labels(model=model).observe(report.padded_tokens)
+        if report.padded_tokens > 0:
+            self.batch_padding_ratio.labels(model=model).observe(1.0 - report.real_tokens / report.padded_tokens)
+        if report.failed:
+            self.failed_texts.labels(model=model).inc(report.failed)
+
+    def observe_answers(self, answers: Sequence[Answer], model: str) -> None:
+        """Queue waits of one request's answered texts."""
+        waits = self.queue_wait_seconds.labels(model=model)
+        for answer in answers:
+            waits.observe(answer.queued_s)
+
+    def observe_request(self, route: str, status: int, kind: str, seconds: float, model: str = "") -> None:
+        self.requests.labels(route=route, status=str(status), kind=kind, model=model).inc()
+        self.request_seconds.labels(route=route, model=model).observe(seconds)
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The registry in Prometheus text format, and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+@dataclass(frozen=True)
+class _Lane:
+    """One model's live parts, read at scrape time."""
+
+    name: str
+    batcher: Batcher
+    admission: Admission | None
+    load_seconds: float | None
+
+
+class _ServingState(Collector):
+    """Figures read from the batchers and admissions when scraped, so they never drift from them."""
+
+    def __init__(self) -> None:
+        self.lanes: list[_Lane] = []
+        self.ready: Callable[[], bool] | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        lanes = self.lanes
+        if not lanes:  # the models are not loaded yet
+            return
+        if self.ready is not None:
+            yield GaugeMetricFamily(
+                "maskserve_ready",
+                "1 while /readyz answers 200 (loaded, not draining, not stuck), else 0; never load.",
+                value=1.0 if self.ready() else 0.0,
+            )
+        depth = GaugeMetricFamily("maskserve_queue_depth", "Texts waiting for each model now.", labels=["model"])
+        limit = GaugeMetricFamily(
+            "maskserve_queue_limit", "Most texts that may wait for each model (--max-queue).", labels=["model"]
+        )
+        wait = GaugeMetricFamily(
+            "maskserve_predicted_wait_seconds",
+            "Predicted wait for one more text of each model now, from the measured cost and the other "
+            "models' fair share; admission refuses at the door by it.",
+            labels=["model"],
+        )
+        dropped = CounterMetricFamily(
+            "maskserve_dropped_texts",
+            "Texts removed from a model's queue without a forward pass: deadline passed or sure to pass "
+            "(expired), or client gone (abandoned).",
+            labels=["model", "reason"],
+        )
+        refused = CounterMetricFamily(
+            "maskserve_refused_requests",
+            "Requests admission refused with 503, at the door or once parsed, by model and reason.",
+            labels=["model", "reason"],
+        )
+        load = GaugeMetricFamily(
+            "maskserve_model_load_seconds", "Seconds each model took to load at start-up.", labels=["model"]
+        )
+        for lane in lanes:
+            batcher = lane.batcher
+            depth.add_metric([lane.name], batcher.depth)
+            limit.add_metric([lane.name], batcher.settings.max_queue)
+            wait.add_metric([lane.name], batcher.predicted_wait(ONE_TEXT))
+            dropped.add_metric([lane.name, "expired"], batcher.drops.expired)
+            dropped.add_metric([lane.name, "abandoned"], batcher.drops.abandoned)
+            if lane.admission is not None:
+                counts = lane.admission.refused
+                for reason in sorted(set(REFUSAL_REASONS) | set(counts)):
+                    refused.add_metric([lane.name, reason], counts[reason])
+            if lane.load_seconds is not None:
+                load.add_metric([lane.name], lane.load_seconds)
+        # One thread for every model: its pass in flight is the server's.
+        yield GaugeMetricFamily(
+            "maskserve_inference_in_flight_seconds",
+            "How long the forward pass in flight (any model's) has been running; 0 when idle (/livez "
+            "compares it with the stall budget).",
+            value=lanes[0].batcher.busy_for,
+        )
+        for family in (depth, limit, wait, dropped, refused, load):
+            if family.samples:
+                yield family
+
+
+class _ConnectionState(Collector):
+    """The client connections, read from the connection guard when scraped."""
+
+    def __init__(self, guard: ConnectionGuard) -> None:
+        self.guard = guard
+
+    def collect(self) -> Iterator[Metric]:
+        guard = self.guard
+        yield GaugeMetricFamily(
+            "maskserve_open_connections", "Client connections open now (--max-connections).", value=len(guard.open)
+        )
+        yield GaugeMetricFamily(
+            "maskserve_unsent_bytes",
+            "Bytes of answers written but not yet taken by their clients (--max-unsent-bytes).",
+            value=guard.unsent_bytes(),
+        )
+        closed = CounterMetricFamily(
+            "maskserve_closed_connections",
+            "Connections the server closed, by reason: header_timeout, body_timeout, write_timeout, "
+            "unsent_bytes (the slowest readers, past --max-unsent-bytes), idle (keep-alive), "
+            "connection_limit (refused past --max-connections).",
+            labels=["reason"],
+        )
+        for reason in sorted(set(CLOSE_REASONS) | set(guard.closed)):
+            closed.add_metric([reason], guard.closed[reason])
+        yield closed
+
+
+class Peers(Protocol):
+    """The other processes of one server (``--workers``): a scrape of any of them reports all."""
+
+    # This process's label value: the worker's slot, "0" to "N-1", stable across its restarts.
+    worker: str
+
+    async def expositions(self) -> list[tuple[str, bytes]]:
+        """(worker, its own exposition) of every other live worker; a worker that does not
+        answer in time is left out."""
+        ...
+
+
+class _Families(Collector):
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self._families = list(families)
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._families
+
+
+def merge_expositions(parts: Sequence[tuple[str, bytes]]) -> bytes:
+    """One exposition of several workers' own, each sample labelled ``worker``: per-worker series
+    in one scrape, which ``sum by (...)`` adds up to the whole server."""
+    families: dict[str, Metric] = {}
+    for worker, text in parts:
+        for family in text_string_to_metric_families(text.decode("utf-8")):
+            merged = families.get(family.name)
+            if merged is None:
+                merged = families[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
+            merged.samples.extend(
+                sample._replace(labels={**sample.labels, "worker": worker}) for sample in family.samples
+            )
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(families.values()))
+    return generate_latest(registry)

@@ -1,0 +1,135 @@
+"""What the handlers (the API, the demo page, the Open Inference Protocol) and the stages share:
+admission at the door, the one path from a surface's input to a task's answer (:func:`run_task`),
+the timing headers, and the bookkeeping of an error answered. Each rule lives here once, and
+every caller uses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.errors
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+from aiohttp import web
+from aiohttp.web_request import FileField
+from multidict import MultiDictProxy
+
+from maskserve.errors import BodyTimeout, InvalidHeader, MaskserveError
+from maskserve.model_api import Query
+from maskserve.request.deadlines import request_deadline
+from maskserve.request.keys import service_of, state_of
+from maskserve.service.registry import ServedModel
+from maskserve.serving.work_queue import Answer, slowest
+from maskserve.tasks.task import AnswerT, PlanT, Ran, RequestT, Task
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+# The route table's names for the path segment that names a model: /models/{name}/... (maskserve's
+# own) and /v2/models/{model}/... (the Open Inference Protocol's).
+MODEL_SEGMENTS = ("name", "model")
+
+
+def served_model(request: web.Request, name: str | None = None) -> ServedModel:
+    """The model the request is for: ``name``, else the one its path names, else the default.
+    An unknown name is a 404 that lists the served models. Resolved once and kept on the request's
+    record, so the door and the handler (and the metrics) see the same one."""
+    state = state_of(request)
+    if name is None:
+        if state.served is not None:
+            return state.served
+        name = next((request.match_info[key] for key in MODEL_SEGMENTS if key in request.match_info), None)
+    served = service_of(request.app).served(name)
+    state.served, state.model = served, served.name
+    return served
+
+
+def admit_at_door(request: web.Request, served: ServedModel | None = None) -> None:
+    """Admission before the body is read; the deadline is fixed here, so reading the body counts."""
+    service_of(request.app).at_door(request_deadline(request), served or served_model(request))
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The request's body, if it arrives within ``--body-timeout`` of the headers (see :func:`_received`)."""
+    return await _received(request, request.read())
+
+
+async def read_form(request: web.Request) -> MultiDictProxy[str | bytes | bytearray | FileField]:
+    """The request's form, if it arrives within ``--body-timeout`` of the headers."""
+    return await _received(request, request.post())
+
+
+async def _received(request: web.Request, reading: Awaitable[T]) -> T:
+    """``reading`` if done within ``--body-timeout``; else 408, and the connection closes after
+    that answer: a client this slow holds a socket, a task and a part of a body."""
+    seconds = service_of(request.app).settings.body_timeout
+    try:
+        async with asyncio.timeout(seconds):
+            return await reading
+    except TimeoutError:
+        state_of(request).close_after = "body_timeout"
+        raise BodyTimeout(f"the request's body did not arrive within {seconds:g}s of its headers") from None
+
+
+def request_media_type(request: web.Request) -> str:
+    """The body's media type from ``Content-Type`` (``application/octet-stream`` when absent).
+
+    aiohttp parses the header with the standard library's email parser, which raises assorted
+    exceptions (IndexError, HeaderParseError) on some malformed values: that is the client's
+    mistake, a 400 naming the header, never a 500 (found by fuzzing).
+    """
+    try:
+        return request.content_type
+    except (IndexError, ValueError, email.errors.MessageError):
+        raise InvalidHeader("the Content-Type header cannot be parsed", field="Content-Type") from None
+
+
+async def answer(request: web.Request, queries: Sequence[Query], served: ServedModel) -> list[Answer]:
+    """Admit a request's rows on ``served``'s whole cost, queue them and wait for their answers,
+    which are kept on the request for the metrics."""
+    state = state_of(request)
+    answers = await service_of(request.app).answer(queries, request_deadline(request), state.trace, served)
+    state.answers = answers
+    return answers
+
+
+async def run_task(
+    request: web.Request,
+    served: ServedModel,
+    task: Task[RequestT, PlanT, AnswerT],
+    read: Callable[[], Awaitable[RequestT]],
+) -> Ran[RequestT, AnswerT]:
+    """Any task for any surface, one way: ``read`` (the surface's own reading of its input into the
+    task's request), the task's plan (tokenized off the event loop when long), admission on the
+    plan's whole cost, the queue, and the rows' answers folded back (off the loop when long).
+
+    Reading and planning are the request's ``maskserve.parse`` step: the surface's mistakes and the
+    texts' are found there, before any work is queued."""
+    service = service_of(request.app)
+    with state_of(request).trace.step("maskserve.parse"):
+        asked = await read()
+        plan = await service.plan(task, asked, served)
+    rows = await answer(request, plan.queries, served)
+    return Ran(asked, await service.fold(task, plan, rows, served), rows)
+
+
+def timing_headers(answers: Sequence[Answer]) -> dict[str, str]:
+    """How the request was served; with several texts, the slowest text's figures."""
+    timing = slowest(answers)
+    return {
+        "X-Queue-Time-Ms": f"{timing.queued_s * 1000:.2f}",
+        "X-Inference-Time-Ms": f"{timing.inference_s * 1000:.2f}",
+        "X-Batch-Size": str(timing.batch_size),
+    }
+
+
+def note_error(request: web.Request, error: MaskserveError) -> None:
+    """Record what a request was answered with; a server-side failure is logged (never its
+    client's mistakes). Called by the error stage, and by the demo page for the errors it shows."""
+    state = state_of(request)
+    state.kind, state.error = error.kind, error
+    if error.status >= 500 and error.kind != "internal":  # internal ones are logged with their traceback
+        log.warning("%s: %s [request_id=%s]", error.kind, error.message, state.id)

@@ -1,0 +1,241 @@
+"""Several server processes on one port (``--workers N``), managed by gunicorn's arbiter.
+
+gunicorn forks N workers; it replaces a worker that dies, and on SIGTERM it sends SIGTERM to every
+worker and waits for them. Each worker listens on its own ``SO_REUSEPORT`` socket on the port, so
+the kernel spreads new connections evenly across the workers: with one shared socket, the worker
+that wakes first accepts a whole burst of connections at once (asyncio accepts up to its backlog
+per wake-up), and a keep-alive client then sends everything to it: one worker of two got every
+connection. A worker opens its socket only once its model is loaded, so no connection waits
+behind a load. Each worker is a whole
+maskserve: its own model (loaded after the fork: the arbiter never imports torch), queue,
+inference thread, and its share of the CPUs (``Settings.resolved_threads``). A worker
+follows a stop signal with the same drain as a single process (serve.py).
+
+``/metrics`` on any worker reports the whole server: each worker also listens on a private Unix
+socket in a directory only this server uses, and the worker that is scraped asks the others for
+their own series (``?scope=worker``) and labels every series with its worker's slot. Slots
+``0``..``N-1`` are stable: a replacement worker takes its predecessor's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from gunicorn import sock
+from gunicorn.app.base import BaseApplication
+from gunicorn.arbiter import Arbiter
+from gunicorn.errors import HaltServer
+from gunicorn.workers.base import Worker
+
+from maskserve.config.model_configs import model_configs
+from maskserve.config.settings import Settings
+from maskserve.http.app import create_app, inference_thread, load_models
+from maskserve.middleware.auth import parse_api_keys
+from maskserve.model_api import FillMaskModel
+from maskserve.request.keys import service_of
+from maskserve.server.serve import serve
+
+log = logging.getLogger("maskserve")
+
+# A sibling that has not answered its part of a scrape in this time is left out of it.
+PEER_SCRAPE_TIMEOUT_S = 2.0
+# Seconds between heartbeats to the arbiter, which restarts a worker silent for --timeout (30 s).
+HEARTBEAT_S = 2.0
+
+
+class WorkerPeers:
+    """This worker's slot, and its siblings' metrics through their private sockets."""
+
+    def __init__(self, run_dir: Path, slot: int, api_key: str | None) -> None:
+        self.run_dir = run_dir
+        self.worker = str(slot)
+        keys = parse_api_keys(api_key)
+        self._headers = {"Authorization": f"Bearer {keys[0]}"} if keys else {}
+
+    @staticmethod
+    def socket_path(run_dir: Path, slot: int) -> Path:
+        return run_dir / f"worker-{slot}.sock"
+
+    async def expositions(self) -> list[tuple[str, bytes]]:
+        siblings = sorted(p for p in self.run_dir.glob("worker-*.sock") if p.stem != f"worker-{self.worker}")
+        parts = await asyncio.gather(*(self._scrape(path) for path in siblings))
+        return [part for part in parts if part is not None]
+
+    async def _scrape(self, path: Path) -> tuple[str, bytes] | None:
+        slot = path.stem.removeprefix("worker-")
+        try:
+            async with (
+                aiohttp.ClientSession(
+                    connector=aiohttp.UnixConnector(path=str(path)),
+                    timeout=aiohttp.ClientTimeout(total=PEER_SCRAPE_TIMEOUT_S),
+                ) as session,
+                session.get("http://worker/metrics", params={"scope": "worker"}, headers=self._headers) as reply,
+            ):
+                if reply.status == 200:
+                    return slot, await reply.read()
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            pass  # a worker starting, draining or dead: its series are missing from this scrape
+        return None
+
+
+class MaskserveWorker(Worker):  # type: ignore[misc]
+    """A gunicorn worker that runs one whole maskserve (every model) on its own SO_REUSEPORT socket."""
+
+    models: dict[str, FillMaskModel]  # every model the settings name, by name
+    thread: ThreadPoolExecutor  # the inference thread the models were loaded on
+    sockets: list[Any]  # gunicorn's listeners; .sock is the socket
+
+    def load_wsgi(self) -> None:
+        # Loaded here, before gunicorn counts the worker as booted: a model that cannot be served
+        # fails the boot, and the arbiter stops the server instead of restarting it for ever.
+        settings: Settings = self.app.settings
+        beating = threading.Event()
+
+        def heartbeat() -> None:  # a large model takes longer to load than gunicorn's --timeout
+            while not beating.wait(HEARTBEAT_S):
+                self.notify()
+
+        thread = threading.Thread(target=heartbeat, name="maskserve-heartbeat", daemon=True)
+        thread.start()
+        from maskserve.engine import BackendUnavailable, ModelLoadError
+
+        # gunicorn opened this worker's SO_REUSEPORT socket at the fork: close it while the model
+        # loads, or the kernel would queue connections on it that nothing accepts yet.
+        sock.close_sockets(self.sockets, unlink=False)
+        self.thread = inference_thread()
+        try:
+            # On the thread that will run them (app.inference_thread says why): every model.
+            self.models = self.thread.submit(load_models, model_configs(settings)).result()
+        except ModelLoadError as exc:
+            log.error("cannot start: %s", exc)
+            sys.exit(Arbiter.WORKER_BOOT_ERROR)  # one line, no traceback; the arbiter then stops
+        except BackendUnavailable as exc:
+            log.error("cannot start: %s", exc)
+            # gunicorn's other halting code, so that the server exits 2 as a single process does.
+            sys.exit(Arbiter.APP_LOAD_ERROR)
+        finally:
+            beating.set()
+            thread.join()
+        self.sockets = sock.create_sockets(self.cfg, self.log)
+
+    def run(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        settings: Settings = self.app.settings
+        app = create_app(settings, engines=self.models, thread=self.thread)
+        slot: int = self.slot
+        service_of(app).peers = WorkerPeers(self.app.run_dir, slot, settings.api_key)
+        private = WorkerPeers.socket_path(self.app.run_dir, slot)
+        private.unlink(missing_ok=True)  # a dead predecessor's
+        heartbeat = asyncio.create_task(self._heartbeat(app))
+        try:
+            await serve(app, sockets=[s.sock for s in self.sockets], private_socket=private)
+        finally:
+            heartbeat.cancel()
+
+    async def _heartbeat(self, app: web.Application) -> None:
+        while True:
+            self.notify()
+            if self.ppid != os.getppid():  # the arbiter died: stop as on SIGTERM, no one restarts us
+                log.warning("the worker's arbiter is gone; stopping")
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            await asyncio.sleep(HEARTBEAT_S)
+
+
+class WorkersApplication(BaseApplication):  # type: ignore[misc]
+    """gunicorn configured from maskserve's settings (no gunicorn command line, no config file)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        # The workers' private sockets; removed when the arbiter exits.
+        self.run_dir = Path(tempfile.mkdtemp(prefix="maskserve-workers-"))
+        super().__init__()
+
+    def load_config(self) -> None:
+        settings = self.settings
+        config: dict[str, Any] = {
+            "bind": f"{settings.host}:{settings.port}",
+            "workers": settings.workers,
+            # One listening socket per worker, the kernel balancing connections (module docstring).
+            "reuse_port": True,
+            "worker_class": f"{__name__}.MaskserveWorker",
+            # SIGTERM to the arbiter: each worker drains (--drain-delay, then --drain-timeout);
+            # only a worker still running after both and a margin is killed.
+            "graceful_timeout": math.ceil(settings.drain_delay + settings.drain_timeout) + 5,
+            "loglevel": settings.log_level,
+            "errorlog": "-",
+            "accesslog": None,  # each worker writes maskserve's own access line
+            "proc_name": "maskserve",
+            "pre_fork": _assign_slot,
+            "on_exit": lambda arbiter: shutil.rmtree(self.run_dir, ignore_errors=True),
+        }
+        if "control_socket_disable" in self.cfg.settings:
+            # gunicorn 24+'s control socket would write to $HOME (read-only in a hardened pod);
+            # maskserve takes no runtime commands.
+            config["control_socket_disable"] = True
+        for key, value in config.items():
+            self.cfg.set(key, value)
+
+    def load(self) -> None:  # the workers build their own app after the fork (MaskserveWorker)
+        return None
+
+
+def _assign_slot(arbiter: Arbiter, worker: MaskserveWorker) -> None:
+    """The lowest slot no live worker holds: a replacement takes its predecessor's label."""
+    taken = {getattr(w, "slot", None) for w in arbiter.WORKERS.values()}
+    worker.slot = next(slot for slot in range(arbiter.num_workers + len(taken)) if slot not in taken)
+
+
+def _check_port(settings: Settings) -> None:
+    """Raise OSError now if the workers could not listen: the arbiter binds nothing itself, and a
+    worker that cannot bind would be replaced for ever."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        probe.bind((settings.host, settings.port))
+
+
+def run_workers(settings: Settings) -> int:
+    """Serve with ``settings.workers`` processes until stopped; the exit status."""
+    try:
+        _check_port(settings)
+    except OSError as exc:
+        log.error("cannot start: cannot listen on %s:%d (%s)", settings.host, settings.port, exc.strerror or exc)
+        return 1
+    arbiter = os.getpid()
+    try:
+        WorkersApplication(settings).run()
+    except SystemExit as exc:
+        if os.getpid() != arbiter:
+            raise  # a forked worker leaving with its own status, through the arbiter's frames
+        return _exit_status(exc.code)
+    except HaltServer as halt:
+        # A second worker failing to boot while the arbiter halts for the first escapes gunicorn's
+        # own handling; the workers have logged why.
+        return _exit_status(halt.exit_status)
+    return 0
+
+
+def _exit_status(halted_with: object) -> int:
+    """maskserve's exit status for the one gunicorn halted with, as a single process would exit:
+    3, a worker could not boot (the model cannot be served), is 1; 4, the backend cannot serve the
+    model, is 2; any other failure is 1. The workers have logged why."""
+    if halted_with in (None, 0):
+        return 0
+    return 2 if halted_with == Arbiter.APP_LOAD_ERROR else 1

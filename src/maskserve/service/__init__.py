@@ -1,0 +1,1 @@
+"""The served models behind one handle, and where the server is in its life."""

@@ -1,0 +1,217 @@
+"""The one handle on the request path: everything a handler, a stage or a probe needs, behind one key.
+
+The app factory builds a :class:`FillMaskService` from the settings, with one :class:`ServedModel`
+per model the server serves (the first is the default, which ``POST /`` answers with); once the
+models are loaded, its lifecycle context gives it the :class:`Loaded` parts (each model's engine,
+batcher and admission, the one scheduler, the tokenizer's thread, the batch loop). Each served
+model carries its tasks (tasks/), bound to its limits. A handler resolves the model its route
+names and runs one of its tasks through ``handling.run_task``, which asks the service to plan the
+task's rows, admit and queue them, and fold their answers back; it gathers nothing itself. No
+HTTP here: the handlers, the stages and the probes sit above it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+
+from maskserve.config.model_configs import ModelConfig, model_configs
+from maskserve.config.settings import Settings
+from maskserve.errors import NotFound
+from maskserve.model_api import FillMaskModel, Query
+from maskserve.observability.metrics import Metrics, Peers
+from maskserve.observability.request_trace import RequestTrace
+from maskserve.service.lifecycle import Lifecycle
+from maskserve.serving.admission import Admission
+from maskserve.serving.batcher import Batcher
+from maskserve.serving.connection_guard import ConnectionGuard
+from maskserve.serving.costs import Work
+from maskserve.serving.scheduler import Scheduler
+from maskserve.serving.work_queue import Answer
+from maskserve.tasks.fill_mask import FillMask
+from maskserve.tasks.fill_mask_request import RequestParser
+from maskserve.tasks.score import Score
+from maskserve.tasks.score_request import ScoreRequestParser
+from maskserve.tasks.task import AnswerT, PlanT, RequestT, Task
+
+# Texts up to this many characters in all are tokenized on the event loop: a hop to the tokenizer
+# thread costs more than they do. Longer ones go to that thread, where the tokenizer releases the
+# interpreter lock, so no request's texts can hold the event loop (and /livez) for long.
+INLINE_TOKENIZE_CHARS = 512
+# Whole words decoded into answers, times their texts' tokens, up to which they are decoded on the
+# event loop; more go to the tokenizer's thread, so no request's answer can hold the loop for long.
+INLINE_DECODE_TOKENS = 4096
+
+
+# How a route's OpenAPI operation is written, from the settings' limits and the model's mask token.
+Describe = Callable[[Settings, str], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class RouteOperation:
+    """One route as the OpenAPI document lists it."""
+
+    method: str  # lower case, as OpenAPI writes it
+    path: str  # the path template; a static folder's with {filename}
+    name: str  # the route's name, its operationId
+    describe: Describe
+
+
+@dataclass(frozen=True)
+class RouteRoles:
+    """What the route table says of its routes, for the stages that treat some apart and for the
+    OpenAPI document.
+
+    Handed down on the service, so no middleware or handler imports the module that wires the app.
+    """
+
+    # Route names that queue work for the model: admission may refuse these at the door, and only these.
+    inference: frozenset[str] = frozenset()
+    # Route names answered without an API key (probes, the demo page's GETs).
+    public: frozenset[str] = frozenset()
+    # The demo page's forms: they queue work for the model as well, but ask admission themselves to
+    # show a refusal inline, so the circuit-breaking stage leaves them to it.
+    forms: frozenset[str] = frozenset()
+    # Every route, in the table's order, with its documented operation.
+    operations: tuple[RouteOperation, ...] = ()
+
+    @property
+    def model_work(self) -> frozenset[str]:
+        """Every route that queues work for the model: the requests the alert rules and the
+        dashboard count (deploy/), and tests/test_routes.py holds them to it."""
+        return self.inference | self.forms
+
+
+@dataclass(frozen=True)
+class ModelParts:
+    """One model once loaded: its engine, its own queue and batches, its own admission."""
+
+    model: FillMaskModel
+    batcher: Batcher
+    admission: Admission
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What exists once every model is loaded, for as long as the app runs."""
+
+    # By name, the default model first.
+    models: dict[str, ModelParts]
+    # The one inference thread's owner, which picks the model whose batch runs next.
+    scheduler: Scheduler
+    # One thread that tokenizes long texts, so that it takes at most one core from the models.
+    tokenizer: Executor
+    # The batch loop's task, so /livez can tell when it died.
+    batch_loop: asyncio.Task[None]
+
+
+class ServedModel:
+    """One model the server serves: the name clients use, its settings and the parsers bound to its
+    limits, known before it loads; its :class:`ModelParts` once loaded."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        # What to load and how, as the settings named it (the app loads every model from these).
+        self.config = config
+        self.name = config.name
+        self.settings = config.settings
+        self.parser = RequestParser(config.settings)
+        # POST /score's parser: texts into masked copies, with the same limits and its own.
+        self.score_parser = ScoreRequestParser(config.settings)
+        # Its tasks, bound to its limits: every surface runs these (tasks/).
+        self.fill_mask = FillMask(self.parser)
+        self.score = Score(self.score_parser)
+        self.parts: ModelParts | None = None
+
+    @property
+    def loaded(self) -> ModelParts:
+        if self.parts is None:
+            # Handlers run only once the app has started, and it starts by loading every model.
+            raise RuntimeError(f"model {self.name!r} is not loaded yet; this is a bug")
+        return self.parts
+
+
+class FillMaskService:
+    """The settings, the shared state, and (once loaded) the model's side, in one handle."""
+
+    def __init__(self, settings: Settings, middleware: tuple[str, ...] = ()) -> None:
+        self.settings = settings
+        # The active middleware chain's stage names, outermost first (for /info).
+        self.middleware = middleware
+        # Serving or draining: set by the runner on a stop signal, read by /readyz and every response.
+        self.lifecycle = Lifecycle()
+        self.metrics = Metrics()
+        # Every model served, by the name clients use; the first is the default.
+        self.models: dict[str, ServedModel] = {config.name: ServedModel(config) for config in model_configs(settings)}
+        # Set by the route table (routes.py).
+        self.routes = RouteRoles()
+        # With --workers: the other worker processes, so that /metrics reports the whole server.
+        self.peers: Peers | None = None
+        # None until the model is loaded (see app.inference_context).
+        self.loaded: Loaded | None = None
+        # Every client connection: timeouts, the connection cap, the answers slow readers hold.
+        self.connections = ConnectionGuard(settings)
+        self.metrics.watch_connections(self.connections)
+
+    def _parts(self) -> Loaded:
+        if self.loaded is None:
+            # Handlers run only once the app has started, and it starts by loading the models.
+            raise RuntimeError("the models are not loaded yet; this is a bug")
+        return self.loaded
+
+    @property
+    def default(self) -> ServedModel:
+        """The default model: the first named, which ``POST /`` and ``POST /score`` serve."""
+        return next(iter(self.models.values()))
+
+    def served(self, name: str | None = None) -> ServedModel:
+        """The model named ``name`` (the default for None); a 404 naming every served model otherwise."""
+        if name is None:
+            return self.default
+        served = self.models.get(name)
+        if served is None:
+            names = ", ".join(repr(known) for known in self.models)
+            raise NotFound(f"no model named {name!r} here; this server serves {names}")
+        return served
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self._parts().scheduler
+
+    def at_door(self, deadline: float, served: ServedModel) -> None:
+        """Admission at the door, before the body is read: every route that queues work asks this."""
+        served.loaded.admission.at_door(deadline - asyncio.get_running_loop().time())
+
+    async def plan(self, task: Task[RequestT, PlanT, Any], request: RequestT, served: ServedModel) -> PlanT:
+        """``task``'s rows for ``request`` on ``served``, checked (a 4xx names the first problem):
+        tokenized on the event loop when short, on the tokenizer's thread otherwise."""
+        model = served.loaded.model
+        if task.tokenizes(request) <= INLINE_TOKENIZE_CHARS:
+            return task.plan(request, model)
+        return await asyncio.get_running_loop().run_in_executor(self._parts().tokenizer, task.plan, request, model)
+
+    async def fold(
+        self, task: Task[Any, PlanT, AnswerT], plan: PlanT, answers: Sequence[Answer], served: ServedModel
+    ) -> AnswerT:
+        """``task``'s answer from its rows' answers: on the event loop when it decodes little, on
+        the tokenizer's thread otherwise."""
+        model = served.loaded.model
+        if task.decodes(plan) <= INLINE_DECODE_TOKENS:
+            return task.fold(plan, answers, model)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._parts().tokenizer, task.fold, plan, answers, model)
+
+    async def answer(
+        self, queries: Sequence[Query], deadline: float, trace: RequestTrace, served: ServedModel
+    ) -> list[Answer]:
+        """Admit a request on its whole cost, queue its rows and wait for their answers, traced."""
+        parts = served.loaded
+        time_left = deadline - asyncio.get_running_loop().time()
+        parts.admission.admit(Work.of(queries), time_left, served.settings.request_timeout)
+        queued_ns = time.time_ns()
+        answers = await parts.batcher.answer(queries, deadline, trace.link)
+        trace.served(answers, queued_ns)
+        return answers

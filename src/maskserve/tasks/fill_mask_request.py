@@ -1,0 +1,409 @@
+"""Request parsing and validation, and the response shape. Knows neither aiohttp nor torch.
+
+Two request forms reach ``POST /``:
+- raw text: any body that is not JSON is the sentence itself (``curl -d`` sends it as
+  ``application/x-www-form-urlencoded``, but it is never form-decoded);
+- the Hugging Face Inference API's JSON: ``{"inputs": str | [str], "parameters": {"top_k": int,
+  "targets": str | [str], "multi_token_targets": "whole_word" | "first_token"}}``; a target of
+  several tokens is a whole word (whole_words.py) unless ``first_token`` asks for the pipeline's
+  first token.
+Everything is checked here, before anything is queued, so a bad input fails alone.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+
+from maskserve.config.settings import Settings
+from maskserve.errors import (
+    InvalidBody,
+    InvalidInput,
+    NoMaskToken,
+    ResponseTooLarge,
+    TextTooLong,
+    TooManyMasks,
+    TooManyPredictions,
+)
+from maskserve.model_api import FillMaskModel, Query
+from maskserve.tasks.whole_words import (
+    DEFAULT_MULTI_TOKEN_TARGETS,
+    MULTI_TOKEN_TARGETS,
+    MultiTokenTargets,
+    Targets,
+    TextPlan,
+    plan_text,
+    split_targets,
+)
+
+JSON_CONTENT_TYPES = frozenset({"application/json"})
+# A whole word's "tokens" list in JSON: the key and brackets, then per id its digits and ", ",
+# each within this many bytes (ids run to a few hundred thousand).
+WORD_IDS_JSON_BYTES = 16
+
+
+@dataclass(frozen=True)
+class FillMaskRequest:
+    """A parsed request: the texts, whether they came as a list, and the answer parameters."""
+
+    texts: tuple[str, ...]
+    batched: bool
+    top_k: int
+    targets: tuple[str, ...] | None
+    # Where the texts sit in the request, for errors about one of them ("inputs[2]").
+    location: str = "inputs"
+    # A target of several tokens: the whole word (scored by the chain rule), or its first token.
+    multi_token_targets: MultiTokenTargets = DEFAULT_MULTI_TOKEN_TARGETS
+
+
+def inputs_body_schema(settings: Settings, properties: dict[str, Any]) -> dict[str, Any]:
+    """A JSON body of ``"inputs"`` (one text or a list of them, within this server's limit) and
+    ``properties`` beside it: the shape every text route takes."""
+    text = {"type": "string"}
+    return {
+        "type": "object",
+        "required": ["inputs"],
+        "additionalProperties": False,
+        "x-messages": {"required": 'the JSON body needs "inputs": a string or a list of strings'},
+        "properties": {
+            "inputs": {
+                "oneOf": [text, {"type": "array", "items": text, "minItems": 1, "maxItems": settings.max_inputs}],
+                "x-messages": {"oneOf": "inputs must be a string or a non-empty list of strings"},
+            },
+            **properties,
+        },
+    }
+
+
+def request_schema(settings: Settings) -> dict[str, Any]:
+    """The JSON schema of the Inference API body, with this server's limits."""
+    text = {"type": "string"}
+    return inputs_body_schema(
+        settings,
+        {
+            "parameters": {
+                "type": ["object", "null"],
+                "additionalProperties": False,
+                "properties": {
+                    "top_k": {"type": ["integer", "null"], "minimum": 1, "maximum": settings.max_top_k},
+                    "targets": {
+                        "oneOf": [
+                            {"type": "null"},
+                            text,
+                            {"type": "array", "items": text, "minItems": 1, "maxItems": settings.max_targets},
+                        ],
+                        "x-messages": {"oneOf": "parameters.targets must be a string or a non-empty list of strings"},
+                    },
+                    "multi_token_targets": multi_token_targets_schema(),
+                },
+            },
+            # Older Inference API clients send {"options": {"wait_for_model": true}}; nothing to do.
+            "options": {"type": ["object", "null"]},
+        },
+    )
+
+
+def multi_token_targets_schema() -> dict[str, Any]:
+    """How a target of several tokens is answered: the one schema every route that takes targets uses."""
+    return {
+        "enum": [*MULTI_TOKEN_TARGETS, None],
+        "x-messages": {"enum": f"parameters.multi_token_targets must be one of {', '.join(MULTI_TOKEN_TARGETS)}"},
+    }
+
+
+def json_depth(document: Any, limit: int) -> int:
+    """How deeply containers nest in a parsed JSON value (a scalar is 0, ``[]`` is 1).
+
+    Iterative, so no body can exhaust the stack; stops at the first container deeper than ``limit``.
+    """
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(document, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children: Any = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if depth > limit:
+            break
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def load_json(text: str | bytes, max_depth: int) -> Any:
+    """A JSON body, parsed; a 400 when it is not JSON or nests deeper than ``max_depth``.
+
+    The depth is checked before any schema validation, whose error messages repr the instance
+    recursively: a body nested near Python's recursion limit would otherwise end in a 500.
+    """
+    try:
+        document = json.loads(text)
+    except RecursionError:
+        raise InvalidBody("the JSON body is nested too deeply") from None
+    except ValueError as exc:
+        raise InvalidBody(f"the body is not valid JSON ({getattr(exc, 'msg', 'syntax error')})") from None
+    if json_depth(document, max_depth) > max_depth:
+        raise InvalidBody(f"the JSON body is nested too deeply (more than {max_depth} levels)")
+    return document
+
+
+def schema_error(error: jsonschema.ValidationError) -> InvalidInput:
+    """A JSON schema's complaint as a 422 that names the field, for every schema maskserve checks.
+
+    A schema may word its own message for a keyword, in ``"x-messages": {keyword: message}`` next to
+    it; otherwise the message is written from the keyword. Nothing of the instance is echoed but
+    what is needed, a few names at most: a body of 100,000 unknown keys must not come back whole
+    (found by fuzzing).
+    """
+    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".")
+    where = path or "body"
+    field: str | None = path or None
+    validator, value = error.validator, error.validator_value
+    if validator == "required" and isinstance(error.instance, dict):
+        missing = next((name for name in value if name not in error.instance), value[0])
+        field = f"{path}.{missing}" if path else str(missing)
+    own = error.schema.get("x-messages", {}).get(validator) if isinstance(error.schema, dict) else None
+    if own is not None:
+        message = str(own)
+    elif validator == "additionalProperties":
+        known = error.schema.get("properties", {})
+        unknown = [name for name in error.instance if name not in known]
+        shown = ", ".join(json.dumps(name[:40]) for name in unknown[:3])
+        more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+        message = f"{where}: unknown field{'s' if len(unknown) > 1 else ''} {shown}{more}"
+    elif validator in {"maximum", "minimum"}:
+        message = f"{where} must be between {error.schema.get('minimum', 0)} and {error.schema.get('maximum', '...')}"
+    elif validator == "maxItems":
+        message = f"{where} holds more than {value} items"
+    elif validator == "minItems":
+        message = f"{where} must not be empty"
+    elif validator == "required":
+        message = f"{where} needs {', '.join(json.dumps(name) for name in value)}"
+    elif validator == "const":
+        message = f"{where} must be {json.dumps(value)}"
+    elif validator == "type":
+        message = f"{where} must be of type {value}"
+    else:
+        message = f"{where}: invalid value"
+    return InvalidInput(message, field=field)
+
+
+def decode_body(body: bytes) -> str:
+    """The body as text; a 400 when it is not UTF-8."""
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidBody(f"the body is not valid UTF-8 (byte {exc.start})") from None
+
+
+def check_inputs_count(document: Any, limit: int) -> None:
+    """Refuse an over-long "inputs" list before schema validation, whose cost grows with every
+    item: a body-sized list of numbers held the event loop for seconds (found by fuzzing)."""
+    inputs = document.get("inputs") if isinstance(document, dict) else None
+    if isinstance(inputs, list) and len(inputs) > limit:
+        raise InvalidInput(f"inputs holds more than {limit} items", field="inputs")
+
+
+def validate(validator: jsonschema.Draft202012Validator, document: Any) -> None:
+    """Raise the 4xx of the most relevant schema error of ``document``, if it has one."""
+    error = jsonschema.exceptions.best_match(validator.iter_errors(document))
+    if error is not None:
+        raise schema_error(error)
+
+
+def check_text_length(text: str, where: str, field: str, max_chars: int) -> None:
+    if len(text) > max_chars:
+        raise TextTooLong(f"{where} has {len(text)} characters; the limit is {max_chars}", field=field)
+
+
+def check_token_count(tokens: int, where: str, field: str, model: FillMaskModel) -> None:
+    if tokens > model.max_tokens:
+        raise TextTooLong(f"{where} has {tokens} tokens; this model reads at most {model.max_tokens}", field=field)
+
+
+class RequestParser:
+    """Turns a body and its content type into a :class:`FillMaskRequest`, or raises a 4xx."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._validator = jsonschema.Draft202012Validator(request_schema(settings))
+
+    def parse(self, body: bytes, content_type: str) -> FillMaskRequest:
+        text = decode_body(body)
+        if content_type.lower() in JSON_CONTENT_TYPES:
+            return self._parse_json(text)
+        return FillMaskRequest(texts=(text,), batched=False, top_k=self.settings.default_top_k, targets=None)
+
+    def _parse_json(self, text: str) -> FillMaskRequest:
+        document = load_json(text, self.settings.max_json_depth)
+        self._check_list_lengths(document)
+        validate(self._validator, document)
+        inputs = document["inputs"]
+        parameters = document.get("parameters") or {}
+        targets = parameters.get("targets")
+        top_k = parameters.get("top_k")
+        mode = parameters.get("multi_token_targets")
+        return FillMaskRequest(
+            texts=(inputs,) if isinstance(inputs, str) else tuple(inputs),
+            batched=not isinstance(inputs, str),
+            top_k=self.settings.default_top_k if top_k is None else int(top_k),
+            targets=None if targets is None else ((targets,) if isinstance(targets, str) else tuple(targets)),
+            multi_token_targets=DEFAULT_MULTI_TOKEN_TARGETS if mode is None else mode,
+        )
+
+    def _check_list_lengths(self, document: Any) -> None:
+        """Refuse over-long lists before schema validation (see :func:`check_inputs_count`)."""
+        check_inputs_count(document, self.settings.max_inputs)
+        if not isinstance(document, dict):
+            return
+        parameters = document.get("parameters")
+        targets = parameters.get("targets") if isinstance(parameters, dict) else None
+        if isinstance(targets, list) and len(targets) > self.settings.max_targets:
+            raise InvalidInput(
+                f"parameters.targets holds more than {self.settings.max_targets} items", field="parameters.targets"
+            )
+
+    def plans(self, request: FillMaskRequest, model: FillMaskModel) -> list[TextPlan]:
+        """Tokenize and check every text; one :class:`TextPlan` per text (its query, and the
+        copies its whole-word targets take), or the first problem."""
+        targets = self._targets(request, model)
+        many = len(request.texts) > 1
+        plans: list[TextPlan] = []
+        for index, text in enumerate(request.texts):
+            element = f"{request.location}[{index}]" if many else None
+            query = self._query(text, element, request, None if targets is None else targets.single, model)
+            if targets is not None:
+                self._check_word_lengths(query, targets, element or "the text", model)
+            plans.append(plan_text(query, targets, model.mask_token_id))
+        self._check_copies(plans)
+        self._check_answer_size(plans, model)
+        return plans
+
+    def _targets(self, request: FillMaskRequest, model: FillMaskModel) -> Targets | None:
+        if request.targets is None:
+            return None
+        if any(not t.strip() for t in request.targets):
+            raise InvalidInput("parameters.targets must not contain empty strings", field="parameters.targets")
+        targets = split_targets(request.targets, model.target_tokens(request.targets), request.multi_token_targets)
+        if not targets.single and not targets.words:
+            raise InvalidInput("none of parameters.targets is in the model's vocabulary", field="parameters.targets")
+        return targets
+
+    def _check_word_lengths(self, query: Query, targets: Targets, where: str, model: FillMaskModel) -> None:
+        """A whole word of k tokens grows its text's copies by k - 1: they must fit the model too."""
+        for name, word in zip(targets.names, targets.words):
+            tokens = query.n_tokens + len(word) - 1
+            if tokens > model.max_tokens:
+                raise TextTooLong(
+                    f"the target {name[:40]!r} takes {len(word)} tokens: in place of a mask, {where} would have "
+                    f"{tokens} tokens; this model reads at most {model.max_tokens}",
+                    field="parameters.targets",
+                )
+
+    def _check_copies(self, plans: Sequence[TextPlan]) -> None:
+        """Refuse whole-word targets that take more copies than a request may queue."""
+        copies = sum(len(plan.copies) for plan in plans)
+        if not copies:
+            return
+        settings = self.settings
+        hint = "send fewer texts, masks or multi-token targets, or ask for parameters.multi_token_targets first_token"
+        if copies > settings.max_word_copies:
+            raise InvalidInput(
+                f"this request's whole-word targets take {copies} copies of its texts (one per mask and target "
+                f"token); the limit is {settings.max_word_copies} (--max-word-copies): {hint}",
+                field="parameters.targets",
+            )
+        queued = sum(len(plan.queries) for plan in plans)
+        if queued > settings.max_queue:
+            # Every copy is a queued text: more than the queue holds would be refused 503 forever.
+            raise InvalidInput(
+                f"this request queues {queued} texts with its whole-word copies; the queue holds "
+                f"{settings.max_queue} (--max-queue): {hint}",
+                field="parameters.targets",
+            )
+
+    def _check_answer_size(self, plans: Sequence[TextPlan], model: FillMaskModel) -> None:
+        """Refuse, before any work, an answer too costly to make or too big to send.
+
+        Every prediction decodes its whole text again (its ``sequence``), so the work after the
+        forward pass and the answer's size both grow with texts x masks x top_k x length. A
+        whole-word copy is one more prediction, and so is each whole word decoded into the answer.
+        """
+        settings = self.settings
+        queries = [plan.query for plan in plans]
+        asked = sum(q.predictions for plan in plans for q in plan.queries)
+        words = sum(plan.word_predictions for plan in plans)
+        predictions = asked + words
+        if predictions > settings.max_predictions:
+            masks = sum(q.n_masks for q in queries)
+            extra = predictions - sum(q.predictions for q in queries)
+            whole = f", {extra} of them for whole-word targets" if words else ""
+            raise TooManyPredictions(
+                f"this request asks for {predictions} predictions ({len(queries)} texts with {masks} masks, "
+                f"top_k {queries[0].top_k}{whole}); the limit is {settings.max_predictions}: ask for a smaller "
+                "top_k, or send fewer texts, masks or targets"
+            )
+        # The list brackets and separators, then each text's predictions at their largest.
+        size = 2 + sum(2 + self._answer_bytes(plan, model) for plan in plans)
+        if size > settings.max_response_bytes:
+            answered = sum(plan.answer_predictions for plan in plans)
+            raise ResponseTooLarge(
+                f"the answer could take up to {size} bytes (each of its {answered} predictions repeats its "
+                f"whole text), more than the limit of {settings.max_response_bytes}: ask for a smaller top_k, or "
+                "send fewer or shorter texts"
+            )
+
+    @staticmethod
+    def _answer_bytes(plan: TextPlan, model: FillMaskModel) -> int:
+        """At most how many bytes a text's answer takes: its predictions, each at its largest."""
+        ids = plan.query.input_ids
+        largest = model.prediction_bytes(ids)
+        for word in plan.words:
+            # The word is in the sequence and in token_str, and its ids are listed ("tokens").
+            largest = max(largest, model.prediction_bytes((*ids, *word, *word)) + WORD_IDS_JSON_BYTES * (len(word) + 1))
+        return plan.answer_predictions * largest
+
+    def _query(
+        self,
+        text: str,
+        element: str | None,
+        request: FillMaskRequest,
+        target_ids: tuple[int, ...] | None,
+        model: FillMaskModel,
+    ) -> Query:
+        where = element or "the text"
+        # A raw-text body is the Inference API's "inputs" itself.
+        field = element or request.location
+        top_k = request.top_k
+        if not text.strip():
+            raise InvalidInput(f"{where} is empty; send a sentence with {model.mask_token} in it", field=field)
+        check_text_length(text, where, field, self.settings.max_text_chars)
+        if model.mask_token not in text:
+            raise NoMaskToken(
+                f"{where} holds no mask token; put {model.mask_token} where a word should be filled in", field=field
+            )
+        input_ids = model.encode(text)
+        check_token_count(len(input_ids), where, field, model)
+        masks = model.count_masks(input_ids)
+        if masks == 0:
+            raise NoMaskToken(f"{where} holds no usable mask token; write {model.mask_token} exactly", field=field)
+        if masks > self.settings.max_masks_per_text:
+            raise TooManyMasks(
+                f"{where} holds {masks} mask tokens; the limit is {self.settings.max_masks_per_text} a text",
+                field=field,
+            )
+        return Query(input_ids=input_ids, top_k=top_k, target_ids=target_ids, n_masks=masks)
+
+
+def response_body(request: FillMaskRequest, texts_json: Sequence[bytes]) -> bytes:
+    """The pipeline's output shape as JSON, from each text's own (:func:`model_api.text_answer_json`,
+    made on the inference thread): a single (non-list) input unwrapped, a list kept. The event loop
+    only joins them, whatever their size."""
+    return b"[" + b", ".join(texts_json) + b"]" if request.batched else texts_json[0]
