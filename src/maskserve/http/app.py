@@ -221,7 +221,7 @@ def create_app(
     # error rather than an empty string.
     aiohttp_jinja2.setup(
         app,
-        loader=jinja2.PackageLoader("maskserve", "templates"),
+        loader=jinja2.PackageLoader("maskserve.demo", "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
     )
