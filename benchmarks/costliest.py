@@ -4,7 +4,7 @@
 may hold, the most masks a text may hold, and the top_k that brings the predictions to their
 limit, all in the Hugging Face Inference API's JSON. Each text is built of one-letter words, one
 token each, so that its answer, whose every prediction repeats the whole text, stays within the
-response limit (the tests check it is admitted). The tests (tests/test_costliest_request.py and
+response limit (the tests check it is admitted). The tests (tests/system/test_costliest_request.py and
 the fleet's) prove it harmless; this module's ``main`` measures it:
 
     python -m benchmarks.costliest            # one server on the default model, defaults

@@ -3,7 +3,7 @@
     python -m benchmarks.fleet            # ~4 minutes on 2 cores; writes benchmarks/results/fleet.md
 
 Three replicas (``python -m maskserve`` on the default model, one torch thread each, as in
-tests/fleet/) on 127.0.0.11-13, and two HAProxies on 127.0.0.10 configured from
+tests/system/fleet/) on 127.0.0.11-13, and two HAProxies on 127.0.0.10 configured from
 deploy/haproxy.cfg itself: one with replica 1 alone, one with all three. Rounds take turns between
 the three ways in, at one fixed concurrency, and every answer is checked. The balancer's overhead
 per request is the paired difference, inside each round, between replica 1 through HAProxy and

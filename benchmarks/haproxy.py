@@ -1,6 +1,6 @@
 """HAProxy in front of maskserve replicas, configured from deploy/haproxy.cfg itself.
 
-The fleet tests (tests/fleet/) and the fleet benchmark (benchmarks/fleet.py) run the example users
+The fleet tests (tests/system/fleet/) and the fleet benchmark (benchmarks/fleet.py) run the example users
 start from, not a copy: :func:`render_config` takes ``deploy/haproxy.cfg`` and changes only where
 it listens, which replicas it knows, whether its documented layer-7 retry line is on, and adds a
 stats socket to read the servers' state from; :func:`documented_replica_flags` gives the flags its

@@ -16,8 +16,7 @@ from maskserve.engine import FillMaskEngine, load_engine
 from maskserve.engine.cpu import describe_features, int8_in_effect, isa_cap_in_effect, precision_in_effect
 from maskserve.http.app import create_app
 from maskserve.model_api import FillMaskModel, ModelSpec
-
-from .models import build_bert, build_roberta, build_xlmr
+from tests.models import build_bert, build_roberta, build_xlmr
 
 ClientFactory = Callable[..., Awaitable[TestClient[web.Request, web.Application]]]
 EngineOf = Callable[[str], FillMaskEngine]

@@ -4,7 +4,7 @@ The package is layered, top first. A module imports only from its own layer or b
 request's path reads top to bottom and a change to a low layer never reaches up. ``a | b`` are
 independent siblings that never import each other; ``a : b`` are siblings that may. The
 import-linter contracts in setup.cfg (``tox -e style``) hold the code to this table, and
-``tests/test_layers.py`` holds the contracts to it; the docs' Architecture page is generated from it.
+``tests/project/test_layers.py`` holds the contracts to it; the docs' Architecture page is generated from it.
 
     layer                    job
     __main__                 the entry point: argv + env -> settings -> model -> serve

@@ -5,7 +5,7 @@ body size) are the ones this server enforces, and the request body schema is the
 parser validates with (:func:`maskserve.tasks.fill_mask_request.request_schema`). Each operation is written here
 once; the route table (``routes.py``) names the one each route serves, and hands the table down on
 the service, so the document's paths, methods and operation ids are the router's own by
-construction. ``tests/test_openapi.py`` checks that, and that real responses validate against it.
+construction. ``tests/unit/api/test_openapi.py`` checks that, and that real responses validate against it.
 """
 
 from __future__ import annotations

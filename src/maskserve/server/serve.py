@@ -151,7 +151,7 @@ async def serve(
     # long as the process. Collect start-up's garbage once, then move the rest out of the
     # collector's sight. A full collection would otherwise walk them all, holding the GIL (the
     # event loop stalls), and so would the interpreter's last collection at exit, which a rolling
-    # restart waits for replica by replica (tests/test_serve.py times the exit).
+    # restart waits for replica by replica (tests/unit/server/test_serve.py times the exit).
     gc.collect()
     gc.freeze()
     signals = StopSignals(app)

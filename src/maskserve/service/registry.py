@@ -82,7 +82,7 @@ class RouteRoles:
     @property
     def model_work(self) -> frozenset[str]:
         """Every route that queues work for the model: the requests the alert rules and the
-        dashboard count (deploy/), and tests/test_routes.py holds them to it."""
+        dashboard count (deploy/), and tests/unit/http/test_routes.py holds them to it."""
         return self.inference | self.forms
 
 

@@ -1,0 +1,111 @@
+"""deploy/kubernetes as rendered: valid Kubernetes 1.33 objects that point at each other."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from tests.system.deploy.manifests import (
+    KUBERNETES_VERSION,
+    KUSTOMIZE_DIR,
+    Object,
+    container,
+    load_yaml,
+    matches,
+    one,
+    pod_spec,
+)
+
+pytestmark = pytest.mark.deploy
+
+EXPECTED_KINDS = {
+    "ServiceAccount",
+    "ConfigMap",
+    "Service",
+    "Deployment",
+    "PodDisruptionBudget",
+    "HorizontalPodAutoscaler",
+    "NetworkPolicy",
+}
+
+
+def test_every_object_validates_strictly_against_kubernetes_1_33(rendered: list[Object]) -> None:
+    # kubernetes-validate carries the schemas in the package: nothing is fetched.
+    import kubernetes_validate
+
+    for obj in rendered:
+        # Raises on an invalid object, and on a kind it has no schema for (never "unchecked").
+        checked = kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        assert checked == "1.33", f"{obj['kind']} checked against {checked}"
+
+
+def test_strict_validation_refuses_a_misspelt_field(rendered: list[Object]) -> None:
+    # The check above is only worth something if a typo fails it.
+    import kubernetes_validate
+
+    deployment = copy.deepcopy(one(rendered, "Deployment"))
+    probed = deployment["spec"]["template"]["spec"]["containers"][0]
+    probed["readinesProbe"] = probed.pop("readinessProbe")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_kustomization_renders_one_of_each_kind(rendered: list[Object]) -> None:
+    kinds = [obj["kind"] for obj in rendered]
+    assert sorted(kinds) == sorted(EXPECTED_KINDS)
+    assert one(rendered, "HorizontalPodAutoscaler")["apiVersion"] == "autoscaling/v2"
+
+
+def test_operator_and_adapter_files_stay_out_of_the_default_apply() -> None:
+    kustomization = yaml.safe_load((KUSTOMIZE_DIR / "kustomization.yaml").read_text(encoding="utf-8"))
+    assert "servicemonitor.yaml" not in kustomization["resources"]
+    assert "prometheus-adapter-rules.yaml" not in kustomization["resources"]
+    # Both exist, and parse.
+    assert load_yaml("servicemonitor.yaml")["kind"] == "ServiceMonitor"
+    assert load_yaml("prometheus-adapter-rules.yaml")["rules"]
+
+
+def test_every_selector_selects_the_pods(rendered: list[Object]) -> None:
+    deployment = one(rendered, "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert matches(deployment["spec"]["selector"]["matchLabels"], pod_labels)
+    assert matches(one(rendered, "Service")["spec"]["selector"], pod_labels)
+    assert matches(one(rendered, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"], pod_labels)
+    assert matches(one(rendered, "NetworkPolicy")["spec"]["podSelector"]["matchLabels"], pod_labels)
+    target = one(rendered, "HorizontalPodAutoscaler")["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
+    assert pod_spec(rendered)["serviceAccountName"] == one(rendered, "ServiceAccount")["metadata"]["name"]
+
+
+def test_the_service_reaches_the_container_port(rendered: list[Object]) -> None:
+    ports = {p["name"]: p["containerPort"] for p in container(rendered)["ports"]}
+    (service_port,) = one(rendered, "Service")["spec"]["ports"]
+    assert service_port["targetPort"] in ports
+
+
+def test_the_optional_service_monitor_scrapes_the_service(rendered: list[Object]) -> None:
+    monitor = load_yaml("servicemonitor.yaml")
+    service = one(rendered, "Service")
+    assert matches(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert endpoint["path"] == "/metrics"
+
+
+def test_prometheus_annotations_point_at_the_metrics_endpoint(rendered: list[Object]) -> None:
+    annotations = one(rendered, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    (port,) = container(rendered)["ports"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/path"] == "/metrics"
+    assert annotations["prometheus.io/port"] == str(port["containerPort"])
+
+
+def test_network_policy_opens_the_http_port_and_allows_no_egress(rendered: list[Object]) -> None:
+    policy = one(rendered, "NetworkPolicy")["spec"]
+    assert set(policy["policyTypes"]) == {"Ingress", "Egress"}
+    (rule,) = policy["ingress"]
+    assert [p["port"] for p in rule["ports"]] == [p["name"] for p in container(rendered)["ports"]]
+    # No egress rule with Egress in policyTypes: every outgoing connection is refused.
+    assert not policy.get("egress")

@@ -1,0 +1,329 @@
+"""The benchmark's pieces work, on the default model and tiny counts (no timing is asserted)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import AutoTokenizer
+
+from benchmarks import offline
+from benchmarks.fleet import DIRECT, ONE, THREE, Measurement, Round, Rounds, parse_args, render
+from benchmarks.load import LoadResult, check_answer, is_loopback, percentile, run_load
+from benchmarks.models import BenchModel, default_model
+from benchmarks.sentences import MASK, WORD_COUNTS, WORDS, make_sentences
+from maskserve.engine import FillMaskEngine, default_model_dir
+from tests.conftest import HAS_ONNXRUNTIME, HAS_OPENVINO, ClientFactory
+
+
+@pytest.fixture(scope="module")
+def default_pipe() -> Any:
+    return offline.load_pipeline(str(default_model_dir()))
+
+
+@pytest.fixture(scope="module")
+def mix(default_pipe: Any) -> tuple[list[str], list[Any]]:
+    sentences = make_sentences(8)
+    expected, _ = offline.reference_answers(default_pipe, sentences)
+    return sentences, expected
+
+
+def test_sentence_mix_is_fixed_distinct_one_mask_each_and_23_5_tokens_on_average() -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(default_model_dir()))
+    sentences = make_sentences(len(WORD_COUNTS))
+    assert sentences == make_sentences(len(WORD_COUNTS))
+    assert len(set(sentences)) == len(sentences)
+    assert all(s.count(MASK) == 1 for s in sentences)
+    assert [w for w in WORDS if len(tokenizer(w, add_special_tokens=False)["input_ids"]) != 1] == []
+    lengths = [len(ids) for ids in tokenizer(sentences)["input_ids"]]
+    assert sum(lengths) / len(lengths) == 23.5
+    assert (min(lengths), max(lengths)) == (6, 100)
+
+
+def test_check_answer_accepts_its_own_answer_and_catches_a_swapped_one(
+    default_pipe: Any, mix: tuple[list[str], list[Any]]
+) -> None:
+    sentences, expected = mix
+    first, second = default_pipe(sentences[0]), default_pipe(sentences[1])
+    assert check_answer(first, expected[0]) is None
+    assert check_answer(second, expected[1]) is None
+    assert check_answer(second, expected[0]) is not None
+    assert check_answer(first, expected[1]) is not None
+    assert check_answer({"error": "boom"}, expected[0]) is not None
+
+
+def test_check_answer_catches_a_right_token_with_another_sentences_sequence(mix: tuple[list[str], list[Any]]) -> None:
+    _, expected = mix
+    token, sequence = next(iter(expected[0].items()))
+    assert check_answer([{"token": token, "sequence": sequence, "score": 0.5}], expected[0]) is None
+    other = next(iter(expected[1].values()))
+    assert "another sentence" in str(check_answer([{"token": token, "sequence": other, "score": 0.5}], expected[0]))
+
+
+async def test_load_counts_correct_answers_and_flags_answers_checked_against_the_wrong_sentence(
+    make_client: ClientFactory, default_engine: FillMaskEngine, mix: tuple[list[str], list[Any]]
+) -> None:
+    sentences, expected = mix
+    client = await make_client(engine=default_engine)
+    url = str(client.make_url("/"))
+    good = await run_load(url, sentences, expected, concurrency=4, requests=12, time_cap_s=60)
+    assert (good.sent, good.correct, good.wrong, good.statuses) == (12, 12, 0, Counter({"200": 12}))
+    assert len(good.latencies_ms) == 12 and good.rps > 0
+    swapped = expected[1:] + expected[:1]  # every answer now checked against its neighbour
+    bad = await run_load(url, sentences, swapped, concurrency=4, requests=8, time_cap_s=60)
+    assert (bad.correct, bad.wrong, bad.rps) == (0, 8, 0.0)
+    assert bad.first_wrong is not None
+
+
+async def test_load_goes_to_loopback_only(mix: tuple[list[str], list[Any]]) -> None:
+    sentences, expected = mix
+    with pytest.raises(ValueError, match="loopback"):
+        await run_load("http://192.0.2.1:8000/", sentences, expected, concurrency=1, requests=1, time_cap_s=1)
+
+
+def test_every_loopback_address_counts_as_loopback() -> None:
+    # A fleet on one machine gives each replica its own address in 127.0.0.0/8.
+    assert all(is_loopback(host) for host in ("127.0.0.1", "127.0.0.11", "localhost", "::1"))
+    assert not any(is_loopback(host) for host in ("192.0.2.1", "10.0.0.1", "example.com", "", None))
+
+
+async def test_load_stops_when_told_and_describes_each_failure(
+    make_client: ClientFactory, default_engine: FillMaskEngine, mix: tuple[list[str], list[Any]]
+) -> None:
+    sentences, expected = mix
+    client = await make_client(engine=default_engine)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().call_later(0.5, stop.set)
+    swapped = expected[1:] + expected[:1]
+    result = await run_load(
+        str(client.make_url("/")), sentences, swapped, concurrency=2, requests=10**6, time_cap_s=60, stop=stop
+    )
+    assert result.stopped and not result.capped and 0 < result.sent < 10**6
+    assert result.failed == result.wrong == result.sent
+    assert 0 < len(result.failures) <= 20 and "wrong answer to sentence" in result.failures[0]
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert (percentile(values, 50), percentile(values, 90), percentile(values, 99)) == (50.0, 90.0, 99.0)
+    assert percentile([3.0], 99) == 3.0
+
+
+def test_length_sorting_keeps_every_sentence_and_orders_by_tokens(default_pipe: Any) -> None:
+    sentences = make_sentences(32)
+    ordered = offline.by_length(default_pipe, sentences)
+    lengths = [len(ids) for ids in default_pipe.tokenizer(ordered)["input_ids"]]
+    assert sorted(ordered) == sorted(sentences)
+    assert lengths == sorted(lengths)
+    assert offline.offline_rate(default_pipe, ordered[:8], batch_size=4) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.load
+def test_one_run_measures_seed_maskserve_and_offline_and_renders_the_table(tmp_path: Path) -> None:
+    pytest.importorskip("starlette", reason="the seed design needs the bench extra: pip install starlette uvicorn")
+    pytest.importorskip("uvicorn", reason="the seed design needs the bench extra: pip install starlette uvicorn")
+    from benchmarks.interleaved import OFFLINE
+    from benchmarks.run import (
+        BACKEND_SYSTEMS,
+        EXTRA_CONCURRENCY,
+        MASKSERVE,
+        MASKSERVE_ORT,
+        SEED,
+        TRACED,
+        TRACED_UNEXPORTED,
+        WORKERS,
+        Plan,
+        render,
+        run_model,
+    )
+
+    plan = Plan(mix=8, requests={4: 8, EXTRA_CONCURRENCY: 64}, batch_sizes=(1, 4), rounds=2, time_cap_s=60)
+    model = default_model()
+    backends = ("torch", *(["onnxruntime"] if HAS_ONNXRUNTIME else []), *(["openvino"] if HAS_OPENVINO else []))
+    systems = [BACKEND_SYSTEMS[b] for b in backends]
+    concurrencies = [4, EXTRA_CONCURRENCY]
+    run = run_model(
+        BenchModel("tiny", model.path), plan, concurrencies, log_dir=tmp_path, backends=backends, extras=True
+    )
+    assert len(run.rounds) == 2 and run.systems == tuple(systems) and run.extras == (TRACED, TRACED_UNEXPORTED, WORKERS)
+    for round_ in run.rounds:
+        for system in (SEED, *systems):
+            assert round_.loads[system, 4].correct == 8
+        for system in (TRACED, TRACED_UNEXPORTED, WORKERS):
+            assert round_.loads[system, EXTRA_CONCURRENCY].correct == 64
+        assert set(round_.offline) == {(False, 1), (True, 1), (False, 4), (True, 4)}
+        assert len(round_.single_call_ms) == 8
+        # Concurrency 1, interleaved: every sentence to every server and to the offline call.
+        assert round_.interleaved is not None
+        assert set(round_.interleaved.latencies_ms) == {SEED, *systems, OFFLINE}
+        assert all(len(ms) == 8 for ms in round_.interleaved.latencies_ms.values())
+        assert not round_.interleaved.wrong and not round_.interleaved.failed
+    assert set(run.rss) == set(systems) and all(run.rss_after_warmup[s] > 0 for s in systems)
+    # One scrape of the 2-worker server counts every request it answered, labelled by worker.
+    assert set(run.worker_requests) == {"0", "1"}
+    assert sum(run.worker_requests.values()) >= 2 * 64 + 8  # the rounds and the warm-up
+    table = render([run], concurrencies, "python -m benchmarks.run --test", "test")
+    assert "| 4 | maskserve | " in table and "| 4 | seed design | " in table and "200: 16 | 0 |" in table
+    assert f"| {EXTRA_CONCURRENCY} | {TRACED} | " in table and f"| {EXTRA_CONCURRENCY} | {WORKERS} | " in table
+    assert "offline pipeline, length-sorted" in table and "Concurrency 1, interleaved" in table
+    assert f"| {MASKSERVE} | " in table and f"| {OFFLINE} | " in table
+    assert "Tracing (every span batched" in table and "Tracing (spans created" in table
+    assert "--workers 2 at c=64" in table and 'worker="1"' in table
+    assert run.otlp_exports[0] > 0  # the traced server really exported to the sink
+    if HAS_ONNXRUNTIME:
+        assert f"| 4 | {MASKSERVE_ORT} | " in table and f"/ {MASKSERVE} (torch) |" in table
+        assert f"{MASKSERVE_ORT} p50 / {MASKSERVE} (torch) p50 =" in table
+    if HAS_ONNXRUNTIME and HAS_OPENVINO:
+        assert "maskserve openvino / maskserve onnxruntime: req/s at c=64" in table
+
+
+def test_matrix_units_section_holds_bf16_to_the_amx_targets_only_on_amx(monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import run as bench
+    from benchmarks.interleaved import Interleaved
+
+    def load(rps: float) -> LoadResult:
+        return LoadResult(64, sent=int(rps), correct=int(rps), duration_s=1.0)
+
+    rates = {bench.MASKSERVE: 10, bench.MASKSERVE_ORT: 12, bench.MASKSERVE_OV: 15, bench.MASKSERVE_OV_BF16: 30}
+    round_ = bench.Round(
+        loads={(system, 64): load(rps) for system, rps in rates.items()},
+        offline={(True, 8): 20.0},
+        interleaved=Interleaved(
+            {
+                bench.MASKSERVE: [40.0],
+                bench.MASKSERVE_ORT: [30.0],
+                bench.MASKSERVE_OV: [24.0],
+                bench.MASKSERVE_OV_BF16: [12.0],
+            }
+        ),
+    )
+    run = bench.ModelRun(default_model(), bench.QUICK["bert-base"], 23.5, tuple(rates), rounds=[round_, round_])
+    monkeypatch.setattr(bench, "matrix_features", lambda: ("avx512_bf16", "avx512_vnni"))
+    text = "\n".join(bench.matrix_units_section(run))
+    assert "maskserve openvino / maskserve onnxruntime: req/s at c=64 1.25× (target ≥ 1)" in text
+    assert "p50 at c=1, interleaved 0.80× (target ≤ 1" in text
+    assert "fastest bfloat16 at c=64: maskserve openvino bf16, 3.00× the req/s of maskserve" in text
+    assert "an AMX target, not held here" in text and "the AMX targets were not measured" in text
+    assert "1.50× the offline torch float32 pipeline's length-sorted best" in text
+    monkeypatch.setattr(bench, "matrix_features", lambda: ("amx_bf16", "amx_tile", "avx512_bf16"))
+    text = "\n".join(bench.matrix_units_section(run))
+    assert "(target: ≥ 3×)" in text and "not measured" not in text
+
+
+def test_fleet_report_pairs_the_balancer_s_overhead_inside_each_round() -> None:
+    def load(rps: float, latency_ms: float, concurrency: int = 16) -> LoadResult:
+        result = LoadResult(concurrency, sent=100, correct=100, duration_s=100 / rps)
+        result.statuses["200"] = 100
+        result.latencies_ms = [latency_ms] * 100
+        return result
+
+    rounds = Rounds(
+        [
+            Round(
+                {
+                    DIRECT: Measurement(load(200, 80)),
+                    ONE: Measurement(load(190, 84), 0.02),
+                    THREE: Measurement(load(150, 100), 0.03),
+                },
+                {DIRECT: load(100, 9.0, 1), ONE: load(95, 9.5, 1)},
+            )
+            for _ in range(3)
+        ]
+    )
+    table = render(rounds, parse_args([]), "python -m benchmarks.fleet", "HAProxy version 2.6", (1.0, 1.0, 1.0))
+    assert "| 1 replica via HAProxy | 190.0 (190.0–190.0) | 84.0 | 84.0 | 200: 300 | 0 | 200 µs |" in table
+    assert "| p50 latency, 1 client (9.00 ms direct) | +0.50 (+0.50–+0.50) ms |" in table
+    assert "| p50 latency, 16 clients | +4.00 (+4.00–+4.00) ms |" in table
+    assert "| throughput, 3 replicas / 1 replica (both via HAProxy) | 0.79× |" in table
+
+
+async def test_score_load_scores_each_sentence_once_through_the_real_app(
+    make_client: ClientFactory, default_engine: FillMaskEngine
+) -> None:
+    from benchmarks.agreement import engine_scores
+    from benchmarks.score import score_load, score_sentences
+
+    sentences = score_sentences(6)
+    client = await make_client(engine=default_engine)
+    result = await score_load(str(client.make_url("/score")), sentences, concurrency=3, time_cap_s=60)
+    assert result.statuses == Counter({"200": 6}) and sorted(result.scores) == list(range(6))
+    assert result.rate > 0
+    # Each answer is its own sentence's, as the engine scores it in-process.
+    expected = [score.score for score in engine_scores(default_engine, sentences)]
+    assert [result.scores[k] for k in range(6)] == pytest.approx(expected, abs=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.load
+def test_one_score_run_measures_minicons_and_maskserve_and_checks_their_scores_agree(tmp_path: Path) -> None:
+    pytest.importorskip("minicons", reason="the /score benchmark needs minicons: see benchmarks/score.py")
+    from benchmarks.score import BATCH_SIZES, render, run_model, system_name
+
+    run = run_model("default", ("torch",), 1, tmp_path, count=4)
+    [round_] = run.rounds
+    assert set(round_.minicons) == set(BATCH_SIZES["default"]) and all(rate > 0 for rate in round_.minicons.values())
+    for c in (1, 8):
+        assert sorted(round_.loads[system_name("torch"), c].scores) == [0, 1, 2, 3]
+    report = render([run], "python -m benchmarks.score --test")
+    assert "| minicons, batch size 1 | " in report and "| maskserve torch float32, c=8 | " in report
+    assert "scores and minicons' are equal within" in report
+
+
+@pytest.mark.slow
+@pytest.mark.load
+def test_the_several_models_benchmark_runs_both_layouts_and_reports_ratios_and_memory(tmp_path: Path) -> None:
+    from benchmarks import several_models
+
+    folder = default_model_dir()
+    assert folder is not None
+    out = tmp_path / "several-models.md"
+    argv = ["--seconds", "2", "--flood", "4", "--mix", "8", "--large", str(folder), "--out", str(out)]
+    assert several_models.main(argv) == 0
+    report = out.read_text(encoding="utf-8")
+    assert "CPU:" in report and "flags:" in report and "python -m benchmarks.several_models --seconds 2" in report
+    rows = [line for line in report.splitlines() if line.startswith(("| one server", "| two servers"))]
+    assert len(rows) == 5  # two layouts, two scenarios, and the capped one in the second
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert float(cells[1]) > 0 and float(cells[3]) > 0  # both models answered
+        assert cells[6] == "0"  # no wrong or failed answer
+        assert float(cells[7]) > 100  # MiB: a server with torch
+    assert report.count("One server against two:") == 2
+
+
+def _linear_multiply_adds(counter: FlopCounterMode) -> float:
+    """Multiply-adds of the linear layers' products a FlopCounterMode saw (2 FLOPs each counted).
+
+    Linear layers run as mm/addmm. The attention's own products are left out: batched (bmm) where
+    transformers 4 runs BERT's attention eagerly, fused into one kernel that is not counted where
+    it runs scaled_dot_product_attention.
+    """
+    counts = counter.get_flop_counts()["Global"]
+    return sum(v for k, v in counts.items() if str(k).split(".")[-1] in {"mm", "addmm"}) / 2
+
+
+def test_the_score_report_s_multiply_adds_are_what_each_side_computes(bert_engine: FillMaskEngine) -> None:
+    """The work line of benchmarks/score.py: its formula against the products torch actually runs."""
+    from benchmarks.score import multiply_adds
+    from maskserve.tasks.pseudo_likelihood import masked_copies
+
+    assert bert_engine.describe()["read_rows_last_layer"] == "yes"
+    encoded = bert_engine.tokenizer("the quick brown fox jumps over the lazy dog")
+    words = (tuple(encoded["input_ids"]), encoded.word_ids())
+    copies = masked_copies(words, bert_engine.mask_token_id, "original")
+    minicons, maskserve = multiply_adds(bert_engine.model.config, [len(words[0])], attention=False)
+    with torch.inference_mode():
+        with FlopCounterMode(display=False) as served:
+            bert_engine.predict(copies)
+        every_row = torch.tensor([copy.input_ids for copy in copies])
+        with FlopCounterMode(display=False) as whole:  # minicons' forward: every layer and the head at every row
+            bert_engine.model(input_ids=every_row, attention_mask=torch.ones_like(every_row))
+    assert _linear_multiply_adds(served) == maskserve
+    assert _linear_multiply_adds(whole) == minicons
+    assert minicons > maskserve

@@ -1,0 +1,103 @@
+"""The example plug-in (examples/ratelimit): loaded through --middleware, it limits each key over HTTP."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import tomllib
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+
+from maskserve.config.settings import SettingsError, load_settings
+from maskserve.engine import FillMaskEngine
+from maskserve.http.app import SETTINGS_CHECKS, create_app
+from maskserve.middleware.chain import ENTRY_POINT_GROUP
+from tests.paths import ROOT
+from tests.unit.middleware.test_error_sanitizer import error_of
+
+PLUGIN_DIR = ROOT / "examples" / "ratelimit"
+SPEC = "default,+maskserve_ratelimit:factory"
+PARIS = b"paris is the [MASK] of france."
+KEY_A = "key-a-0123456789abcdef"
+KEY_B = "key-b-0123456789abcdef"
+
+
+@pytest.fixture
+def plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """The example importable as an operator would have it: its folder on the path."""
+    monkeypatch.syspath_prepend(str(PLUGIN_DIR))
+    # One token a minute: nothing refills while the test runs, so the count is exact.
+    monkeypatch.setenv("RATELIMIT_BURST", "3")
+    monkeypatch.setenv("RATELIMIT_PER_MINUTE", "1")
+    yield importlib.import_module("maskserve_ratelimit")
+
+
+async def serve(
+    aiohttp_client: Any, engine: FillMaskEngine, argv: list[str]
+) -> TestClient[web.Request, web.Application]:
+    """The real path: flags and environment -> load_settings -> create_app -> HTTP."""
+    settings = load_settings(argv, env={"MASKSERVE_API_KEY": f"{KEY_A},{KEY_B}"}, checks=SETTINGS_CHECKS)
+    client: TestClient[web.Request, web.Application] = await aiohttp_client(create_app(settings, engine=engine))
+    return client
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def test_the_rate_limiter_loaded_through_the_setting_limits_each_key(
+    plugin: ModuleType, aiohttp_client: Any, bert_engine: FillMaskEngine
+) -> None:
+    client = await serve(aiohttp_client, bert_engine, ["--middleware", SPEC])
+    for _ in range(3):
+        assert (await client.post("/", data=PARIS, headers=bearer(KEY_A))).status == 200
+    refused = await client.post("/", data=PARIS, headers=bearer(KEY_A))
+    error = await error_of(refused, 429, "rate_limited")
+    assert "quota" in error["error"]
+    # The next token comes in a minute: Retry-After says so, in whole seconds.
+    assert 1 <= int(refused.headers["Retry-After"]) <= 60
+    # Another key has its own bucket; probes are never limited.
+    assert (await client.post("/", data=PARIS, headers=bearer(KEY_B))).status == 200
+    assert (await client.get("/livez")).status == 200
+    info = await (await client.get("/info", headers=bearer(KEY_B))).json()
+    # +: it reads no body, so it sits after auth and before the breaker.
+    assert info["middleware"] == ["metrics", "errors", "auth", "maskserve_ratelimit:factory", "circuit_breaker"]
+
+
+async def test_the_installed_entry_point_loads_the_example_by_name(
+    plugin: ModuleType, aiohttp_client: Any, bert_engine: FillMaskEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The entry point exactly as the example's pyproject.toml declares it, as if pip-installed.
+    declared = tomllib.loads((PLUGIN_DIR / "pyproject.toml").read_text(encoding="utf-8"))
+    entries = declared["project"]["entry-points"][ENTRY_POINT_GROUP]
+    found = importlib.metadata.EntryPoints(
+        [importlib.metadata.EntryPoint(name=n, value=v, group=ENTRY_POINT_GROUP) for n, v in entries.items()]
+    )
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda *, group: found)
+    client = await serve(aiohttp_client, bert_engine, ["--middleware", "default,+ratelimit"])
+    statuses = [(await client.post("/", data=PARIS, headers=bearer(KEY_A))).status for _ in range(4)]
+    assert statuses == [200, 200, 200, 429]
+
+
+def test_a_bad_limit_stops_start_up_naming_the_stage(plugin: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RATELIMIT_BURST", "lots")
+    with pytest.raises(SettingsError, match=r"'maskserve_ratelimit:factory': the factory failed .*RATELIMIT_BURST"):
+        load_settings(["--middleware", SPEC], env={}, checks=SETTINGS_CHECKS)
+
+
+def test_buckets_refill_at_the_rate_and_stay_bounded(plugin: ModuleType) -> None:
+    now = [0.0]
+    buckets = plugin.TokenBuckets(per_minute=60, burst=2, max_keys=2, clock=lambda: now[0])
+    assert [buckets.take("a"), buckets.take("a")] == [0.0, 0.0]
+    assert buckets.take("a") == pytest.approx(1.0)  # one token a second
+    now[0] += 1.0
+    assert buckets.take("a") == 0.0
+    # A third key pushes out the least recently seen one, which comes back with a full bucket.
+    buckets.take("b")
+    buckets.take("c")
+    assert len(buckets) == 2 and "a" not in buckets
+    assert buckets.take("a") == 0.0

@@ -1,0 +1,155 @@
+"""The engine without HTTP: loading, refusing models that cannot fill masks, and its helpers.
+
+Tests that take ``engine_of`` or ``load_on_backend`` run on each backend (torch, onnxruntime).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from maskserve.engine import FillMaskEngine, ModelLoadError, default_model_dir, load_engine, resolve_device
+from maskserve.model_api import Query
+from tests.conftest import EngineOf
+from tests.models import build_bert, build_maskless
+
+Load = Callable[[str | None], FillMaskEngine]
+
+
+def test_checkpoint_without_mlm_head_is_refused_naming_missing_weights(tmp_path: Path, load_on_backend: Load) -> None:
+    folder = build_bert(tmp_path / "headless", with_head=False)
+    with pytest.raises(ModelLoadError) as caught:
+        load_on_backend(str(folder))
+    message = str(caught.value)
+    assert "lacks" in message and "masked-LM" in message
+    assert "cls.predictions" in message, message  # names the missing weights
+
+
+def test_tokenizer_without_mask_token_is_refused(tmp_path: Path, load_on_backend: Load) -> None:
+    folder = build_maskless(tmp_path / "maskless")
+    with pytest.raises(ModelLoadError, match="no mask token"):
+        load_on_backend(str(folder))
+
+
+def test_missing_folder_is_refused(tmp_path: Path, load_on_backend: Load) -> None:
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(ModelLoadError, match="could not load model") as caught:
+        load_on_backend(str(missing))
+    assert str(missing) in str(caught.value)
+
+
+def test_cuda_without_a_gpu_is_refused() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ModelLoadError, match="--device cuda"):
+        resolve_device("cuda")
+    assert resolve_device("auto") == torch.device("cpu")
+
+
+def test_loading_logs_source_device_threads_and_time(bert_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="maskserve.engine")
+    engine = load_engine(str(bert_dir), threads=1)
+    text = caplog.text
+    assert str(bert_dir) in text and "cpu" in text and "1 torch threads" in text
+    assert "model ready in" in text and "[MASK]" in text
+    assert engine.device == torch.device("cpu")
+
+
+def test_default_model_is_found_without_importing_its_package() -> None:
+    import sys
+
+    folder = default_model_dir()
+    assert folder is not None and (folder / "config.json").is_file()
+    assert folder.parts[-2:] == ("cognition", "model")
+    assert "cognition" not in sys.modules
+
+
+def test_default_engine_is_the_shipped_bert(engine_of: EngineOf) -> None:
+    default_engine = engine_of("default")
+    assert default_engine.mask_token == "[MASK]"
+    assert default_engine.max_tokens == 512
+
+
+def test_bert_and_roberta_know_their_mask_and_token_limit(engine_of: EngineOf) -> None:
+    bert_engine, roberta_engine = engine_of("bert"), engine_of("roberta")
+    assert bert_engine.mask_token == "[MASK]" and bert_engine.max_tokens == 128
+    # RoBERTa's positions start after the padding index: 130 positions hold 128 tokens.
+    assert roberta_engine.mask_token == "<mask>" and roberta_engine.max_tokens == 128
+
+
+def test_longest_accepted_text_runs(engine_of: EngineOf) -> None:
+    roberta_engine = engine_of("roberta")
+    # A text of exactly max_tokens must fit the position embeddings (an off-by-two would raise).
+    ids = roberta_engine.encode(" dog" * 125 + "<mask>")
+    assert len(ids) == roberta_engine.max_tokens
+    answer = roberta_engine.predict([Query(input_ids=ids, top_k=2)])
+    assert len(answer) == 1 and len(answer[0][0]) == 2
+
+
+def test_encode_adds_special_tokens_and_counts_masks(engine_of: EngineOf) -> None:
+    bert_engine = engine_of("bert")
+    ids = bert_engine.encode("the [MASK] and the [MASK]")
+    tokenizer = bert_engine.tokenizer
+    assert ids[0] == tokenizer.cls_token_id and ids[-1] == tokenizer.sep_token_id
+    assert bert_engine.count_masks(ids) == 2
+    assert bert_engine.count_masks(bert_engine.encode("the dog")) == 0
+
+
+def test_targets_are_resolved_in_order_without_duplicates(engine_of: EngineOf) -> None:
+    bert_engine = engine_of("bert")
+    to_id = bert_engine.tokenizer.convert_tokens_to_ids
+    assert bert_engine.resolve_targets(["dog", "city", "dog"]) == (to_id("dog"), to_id("city"))
+
+
+def test_predict_returns_one_answer_per_query_in_order(engine_of: EngineOf) -> None:
+    bert_engine = engine_of("bert")
+    assert bert_engine.predict([]) == []
+    queries = [
+        Query(input_ids=bert_engine.encode("[MASK]"), top_k=1),
+        Query(input_ids=bert_engine.encode("a [MASK] b [MASK] c [MASK]"), top_k=4),
+        Query(input_ids=bert_engine.encode("the [MASK] dog"), top_k=3, target_ids=bert_engine.resolve_targets(["cat"])),
+    ]
+    answers = bert_engine.predict(queries)
+    assert [len(a) for a in answers] == [1, 3, 1]  # masks per text
+    assert [len(a[0]) for a in answers] == [1, 4, 1]  # top_k, capped by the number of targets
+    assert answers[2][0][0]["token_str"] == "cat"
+    for answer in answers:
+        for mask in answer:
+            scores = [p["score"] for p in mask]
+            assert scores == sorted(scores, reverse=True)
+            assert all(0.0 <= s <= 1.0 for s in scores)
+
+
+def test_an_answer_read_by_the_server_has_the_same_scores_and_no_sequence(engine_of: EngineOf) -> None:
+    bert_engine = engine_of("bert")
+    ids = bert_engine.encode("the [MASK] dog runs")
+    sent, read = bert_engine.predict([Query(ids, top_k=3), Query(ids, top_k=3, read_by_server=True)])
+    assert [(p["token"], p["token_str"]) for p in read[0]] == [(p["token"], p["token_str"]) for p in sent[0]]
+    assert [p["score"] for p in read[0]] == pytest.approx([p["score"] for p in sent[0]], abs=1e-6)
+    assert all(p["sequence"] for p in sent[0]) and not any(p["sequence"] for p in read[0])
+
+
+def test_the_head_runs_only_at_a_querys_answer_position(engine_of: EngineOf, monkeypatch: pytest.MonkeyPatch) -> None:
+    bert_engine = engine_of("bert")
+    ids = bert_engine.encode("a [MASK] [MASK] [MASK] b")
+    asked: list[list[tuple[int, int]]] = []
+    compute = bert_engine._mask_logits
+
+    def recording(input_ids: Any, attention_mask: Any, rows: Any, cols: Any) -> torch.Tensor:
+        asked.append(list(zip(rows.tolist(), cols.tolist())))
+        return compute(input_ids, attention_mask, rows, cols)
+
+    monkeypatch.setattr(bert_engine, "_mask_logits", recording)
+    every, one = bert_engine.predict([Query(ids, top_k=2), Query(ids, top_k=2, answer_position=3)])
+    # The second text's masks at 2 and 4 are context: no logits are computed there.
+    assert asked == [[(0, 2), (0, 3), (0, 4), (1, 3)]]
+    assert len(every) == 3 and len(one) == 1
+    assert [p["token"] for p in one[0]] == [p["token"] for p in every[1]]
+    assert [p["score"] for p in one[0]] == pytest.approx([p["score"] for p in every[1]], abs=1e-6)
+    # Its sequence is written as for a text of several masks (special tokens kept), as before.
+    assert one[0][0]["sequence"] == every[1][0]["sequence"]

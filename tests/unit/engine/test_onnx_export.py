@@ -1,0 +1,36 @@
+"""engine/onnx_export.py: the graph's mask positions, and its ONNX export's failures said in one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from maskserve.engine.export_cache import ExportFailed
+from maskserve.engine.onnx_export import mask_index
+from tests.models import build_bert
+from tests.unit.engine.conftest import ONNXRUNTIME
+
+
+def test_mask_positions_are_flat_row_major_offsets() -> None:
+    ids = np.array([[101, 4, 7, 102], [101, 9, 4, 4]])
+    rows, cols = np.nonzero(ids == 4)
+    assert mask_index(ids, rows, cols).tolist() == [1, 6, 7]
+    assert mask_index(ids, rows, cols).dtype == np.int64
+
+
+@ONNXRUNTIME.needed
+def test_an_exporter_error_becomes_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("Exporting the operator 'aten::fake' to ONNX is not supported.\nMore detail.")
+
+    monkeypatch.setattr(torch.onnx, "export", fail)
+    with pytest.raises(ExportFailed) as caught:
+        ONNXRUNTIME.load(build_bert(tmp_path / "bert"), tmp_path / "cache")
+    message = str(caught.value)
+    assert (
+        message == "could not export the model to ONNX: Exporting the operator 'aten::fake' to ONNX is not supported."
+    )
+    assert ONNXRUNTIME.entries(tmp_path / "cache") == []
