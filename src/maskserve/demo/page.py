@@ -1,9 +1,9 @@
 """The demo page: a server-rendered form that fills in masks through the API's own path.
 
-Routes (see routes.py):
+Routes (see http/routes.py); what the template shows is built in shown.py:
 - ``GET /`` renders the page. ``?text=`` and ``?top_k=`` only fill in the form (the example
   links), they never run the model: a GET stays cheap, and prefetchers or crawlers queue no work.
-- ``POST /demo/score`` takes the scoring form (score_page.py) and answers the same page.
+- ``POST /demo/score`` takes the scoring form (score_form.py) and answers the same page.
 - ``POST /demo`` takes the form (``application/x-www-form-urlencoded``) and answers the page with
   the predictions, or with the error inline and the typed text kept. The form cannot post to
   ``/``: ``POST /`` reads *any* non-JSON body as raw text (``curl -d`` sends urlencoded), so a
@@ -19,33 +19,28 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path, PurePath
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp_jinja2
 from aiohttp import web
 
-from maskserve.config.settings import Settings
-from maskserve.errors import (
-    DeadlineExceeded,
-    InvalidBody,
-    InvalidInput,
-    MaskserveError,
-    NoMaskToken,
-    NotFound,
-    ServiceUnavailable,
-    ShuttingDown,
-    TextTooLong,
+from maskserve.demo.shown import (
+    METRIC_LABELS,
+    PageError,
+    Result,
+    ScoreForm,
+    build_result,
+    display_name,
+    page_error,
 )
-from maskserve.model_api import Prediction, describe_model
+from maskserve.errors import InvalidBody, MaskserveError
+from maskserve.model_api import describe_model
 from maskserve.request.keys import service_of
 from maskserve.request.run_task import admit_at_door, note_error, read_form, run_task, served_model, timing_headers
 from maskserve.service.registry import ServedModel
-from maskserve.serving.work_queue import Answer
 from maskserve.tasks.fill_mask_request import FillMaskRequest
-from maskserve.tasks.pseudo_likelihood import Metric
-from maskserve.tasks.score_request import DEFAULT_METRIC
 
 log = logging.getLogger(__name__)
 
@@ -82,209 +77,6 @@ async def security_headers(request: web.Request, response: web.StreamResponse) -
         response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
 
 
-# -- what the template shows --------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Segment:
-    """A piece of the filled-in sentence; ``filled`` pieces are predicted words, highlighted."""
-
-    text: str
-    filled: bool = False
-
-
-@dataclass(frozen=True)
-class Guess:
-    """One row of a mask's table: the word, its probability, and its bar's width class."""
-
-    rank: int
-    word: str
-    percent: str
-    # 0-100, relative to the top guess of the same mask; the CSS has one class per step, because
-    # the CSP forbids inline ``style`` attributes.
-    width: int
-
-
-@dataclass(frozen=True)
-class Result:
-    """Everything the page shows for an answered sentence."""
-
-    sentence: tuple[Segment, ...]
-    masks: tuple[tuple[Guess, ...], ...]
-    queued_ms: str
-    computing_ms: str
-    batch_size: int
-
-
-@dataclass(frozen=True)
-class PageError:
-    """An error in plain words; ``field`` names the input it is about ("" for the whole form)."""
-
-    title: str
-    message: str
-    field: str = "text"
-
-
-# -- what the scoring form shows (score_page.py fills it in) ------------------------------------
-
-# What the form's metric choice says, in the order shown.
-METRIC_LABELS: dict[Metric, str] = {
-    "original": "original: each token masked alone",
-    "within_word_l2r": "within_word_l2r: the rest of its word masked too",
-}
-
-
-@dataclass(frozen=True)
-class TokenBar:
-    """One token of a scored sentence: its text, its log-probability, and its bar's width class."""
-
-    token: str
-    log_prob: str
-    # 1-100 (score_page.LOG_PROB_FLOOR); one CSS class per step, because the CSP forbids inline styles.
-    width: int
-
-
-@dataclass(frozen=True)
-class SentenceScore:
-    """A scored sentence as the page shows it."""
-
-    text: str
-    score: str
-    tokens: tuple[TokenBar, ...]
-
-
-@dataclass(frozen=True)
-class ScoreResult:
-    """Every sentence's score, and how the request was served (the slowest copy's figures)."""
-
-    sentences: tuple[SentenceScore, ...]
-    queued_ms: str
-    computing_ms: str
-    batch_size: int
-
-
-@dataclass(frozen=True)
-class ScoreForm:
-    """The scoring form as the page shows it: what was typed, and its answer or its error."""
-
-    sentences: str = ""
-    metric: str = DEFAULT_METRIC
-    result: ScoreResult | None = None
-    error: PageError | None = None
-
-
-def display_name(name: str) -> str:
-    """The model's name without the server's own directory layout.
-
-    A hub id (``google-bert/bert-base-uncased``) is shown as is; a local folder only by its last
-    two parts, so the page never reveals where the server keeps its files.
-    """
-    path = PurePath(name)
-    if path.is_absolute() or name.startswith((".", "~")) or len(path.parts) > 2:
-        return "/".join(path.parts[-2:])
-    return name
-
-
-def percent(score: float) -> str:
-    if 0 < score < 0.0005:
-        return "<0.1%"
-    return f"{score:.1%}"
-
-
-def guesses(predictions: list[Prediction]) -> tuple[Guess, ...]:
-    """A mask's table rows; bars are scaled to the top guess, so the picture reads at any score."""
-    top = max((p["score"] for p in predictions), default=0.0)
-    rows = []
-    for rank, p in enumerate(predictions, start=1):
-        width = round(100 * p["score"] / top) if top > 0 else 0
-        # A visible sliver for any non-zero score: a bar of width 0 reads as "impossible".
-        rows.append(Guess(rank=rank, word=p["token_str"], percent=percent(p["score"]), width=max(width, 1)))
-    return tuple(rows)
-
-
-def filled_sentence(text: str, mask_token: str, masks: list[list[Prediction]]) -> tuple[Segment, ...]:
-    """The user's own text with each mask replaced by its top guess, kept as separate parts.
-
-    Built from the typed text rather than the pipeline's ``sequence`` (which an uncased model
-    lowercases), and left in parts so the template escapes each one: the highlight never needs
-    markup built from user input.
-    """
-    parts = text.split(mask_token)
-    if len(parts) - 1 != len(masks) or not all(masks):
-        # The tokenizer saw a different number of masks than the text spells out: show the
-        # pipeline's own sentence for the first mask, unhighlighted, rather than guess.
-        return (Segment(masks[0][0]["sequence"]),) if masks and masks[0] else (Segment(text),)
-    segments = [Segment(parts[0])]
-    for part, predictions in zip(parts[1:], masks):
-        segments.append(Segment(predictions[0]["token_str"].strip(), filled=True))
-        segments.append(Segment(part))
-    return tuple(s for s in segments if s.text)
-
-
-def milliseconds(seconds: float) -> str:
-    ms = seconds * 1000
-    return f"{ms:.1f} ms" if ms < 100 else f"{ms:.0f} ms"
-
-
-def build_result(text: str, mask_token: str, answer: Answer) -> Result:
-    return Result(
-        sentence=filled_sentence(text, mask_token, answer.predictions),
-        masks=tuple(guesses(predictions) for predictions in answer.predictions),
-        queued_ms=milliseconds(answer.queued_s),
-        computing_ms=milliseconds(answer.inference_s),
-        batch_size=answer.batch_size,
-    )
-
-
-class BadTopK(InvalidInput):
-    """The form's number of guesses is not a whole number within the limit.
-
-    Its kind stays ``invalid_input`` for logs and metrics; the class only tells the page which
-    field to mark.
-    """
-
-
-def page_error(error: MaskserveError) -> PageError:
-    """The error in plain words. Only public messages are shown; never a trace or a class name."""
-    message = error.message[:1].upper() + error.message[1:]
-    if not message.endswith("."):
-        message += "."
-    if isinstance(error, ShuttingDown):
-        return PageError("The server is restarting", "It accepts no new sentences right now. Try again shortly.", "")
-    if isinstance(error, ServiceUnavailable):
-        wait = error.headers().get("Retry-After", "a few")
-        return PageError(
-            "The server is busy", f"Too many sentences are waiting. Try again in about {wait} seconds.", ""
-        )
-    if isinstance(error, DeadlineExceeded):
-        return PageError("That took too long", "The answer was not ready in time. Try again in a moment.", "")
-    if isinstance(error, NoMaskToken):
-        return PageError("Nothing to fill in", message)
-    if isinstance(error, TextTooLong):
-        return PageError("The text is too long", message)
-    if isinstance(error, BadTopK):
-        return PageError("Check the number of guesses", message, "top_k")
-    if isinstance(error, InvalidInput):
-        return PageError("Check the sentence", message)
-    if isinstance(error, NotFound):  # a model name no model is served under (the picker's field)
-        return PageError("No such model", message, "")
-    if error.status < 500:
-        return PageError("The request was not understood", message, "")
-    return PageError("Something went wrong", "The server could not answer this sentence. Try again.", "")
-
-
-def parse_top_k(raw: str, settings: Settings) -> int:
-    if not raw.strip():
-        return settings.default_top_k
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        value = 0
-    if not 1 <= value <= settings.max_top_k:
-        raise BadTopK(f"the number of guesses must be a whole number from 1 to {settings.max_top_k}", field="top_k")
-    return value
-
-
 def render(
     request: web.Request,
     *,
@@ -298,7 +90,7 @@ def render(
     served: ServedModel | None = None,
 ) -> web.Response:
     """The page for ``served`` (the default model when None); ``scoring`` is the scoring form's
-    state (score_page.py), empty when None."""
+    state (score_form.py), empty when None."""
     service = service_of(request.app)
     served = served or service.default
     model, settings = served.loaded.model, served.settings
@@ -338,6 +130,21 @@ def render(
 
 
 # -- handlers -----------------------------------------------------------------------------------
+
+
+def whole_number(raw: str) -> int | str:
+    """A form's number as a JSON body would carry it: an int when it is one, else the text as typed
+    (which the schema refuses, as it would in a body)."""
+    try:
+        return int(raw.strip())
+    except ValueError:
+        return raw
+
+
+def fill_mask_document(text: str, top_k: str) -> dict[str, Any]:
+    """The fill-mask form as the API's JSON body: the text, and top_k when one is typed."""
+    parameters = {"top_k": whole_number(top_k)} if top_k.strip() else {}
+    return {"inputs": text, "parameters": parameters}
 
 
 async def form_fields(request: web.Request, *names: str) -> tuple[str, ...]:
@@ -385,8 +192,8 @@ async def demo(request: web.Request) -> web.Response:
         admit_at_door(request, served)
 
         async def read() -> FillMaskRequest:
-            top_k_value = parse_top_k(top_k, chosen.settings)
-            return FillMaskRequest(texts=(text,), batched=False, top_k=top_k_value, targets=None)
+            # The form as the API's JSON body, checked by the same schema in the same words.
+            return chosen.parser.parse_document(fill_mask_document(text, top_k))
 
         ran = await run_task(request, served, served.fill_mask, read)
     except MaskserveError as exc:

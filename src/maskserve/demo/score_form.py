@@ -10,27 +10,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
 
 from aiohttp import web
 
-from maskserve.config.settings import Settings
-from maskserve.demo.page import (
+from maskserve.demo.page import form_fields, page_model, render
+from maskserve.demo.shown import (
+    SCORE_FIELDS,
     PageError,
     ScoreForm,
     ScoreResult,
     SentenceScore,
     TokenBar,
-    form_fields,
     milliseconds,
     page_error,
-    page_model,
-    render,
 )
-from maskserve.errors import InvalidInput, MaskserveError
+from maskserve.errors import MaskserveError
 from maskserve.request.run_task import admit_at_door, note_error, run_task, timing_headers
 from maskserve.service.registry import ServedModel
 from maskserve.serving.work_queue import Answer, slowest
-from maskserve.tasks.pseudo_likelihood import METRICS, TextScore
+from maskserve.tasks.pseudo_likelihood import TextScore
 from maskserve.tasks.score_request import DEFAULT_METRIC, ScoreRequest
 
 # The bars are drawn on a log scale: a token the model was sure of (log-probability 0) fills its
@@ -40,11 +40,6 @@ from maskserve.tasks.score_request import DEFAULT_METRIC, ScoreRequest
 LOG_PROB_FLOOR = -20.0
 # How a sentence of several is named in an error, by its line's number among the sentences.
 SENTENCE = "sentence {number}"
-
-
-class BadMetric(InvalidInput):
-    """The form's metric is none of the metrics. Its kind stays ``invalid_input``; the class only
-    tells the page which field to mark."""
 
 
 def nats(log_prob: float) -> str:
@@ -81,26 +76,17 @@ def score_result(texts: Sequence[str], scores: Sequence[TextScore], answers: Seq
     )
 
 
-def parse_form(sentences: str, metric: str, settings: Settings) -> ScoreRequest:
-    """The form as a ``/score`` request: one text a non-blank line, within ``--max-inputs``."""
-    if metric not in METRICS:
-        raise BadMetric(f"the metric must be one of {', '.join(METRICS)}", field="metric")
-    texts = tuple(line for line in sentences.splitlines() if line.strip())
-    if not texts:
-        raise InvalidInput("there is no sentence to score: write one a line", field="sentences")
-    if len(texts) > settings.max_inputs:
-        raise InvalidInput(
-            f"there are {len(texts)} sentences; the limit is {settings.max_inputs} at once (--max-inputs)",
-            field="sentences",
-        )
-    return ScoreRequest(texts=texts, batched=True, metric=metric, tokens=True, element=SENTENCE)
+def score_document(sentences: str, metric: str) -> dict[str, Any]:
+    """The scoring form as ``POST /score``'s JSON body: one text a non-blank line, each token's bar."""
+    texts = [line for line in sentences.splitlines() if line.strip()]
+    return {"inputs": texts, "parameters": {"metric": metric, "tokens": True}}
 
 
 def form_error(error: MaskserveError) -> PageError:
     """The error in plain words, marking the scoring form's field it is about ("" for the whole form)."""
-    shown = page_error(error)
-    if isinstance(error, BadMetric):
-        return PageError("Check the metric", shown.message, "metric")
+    shown = page_error(error, SCORE_FIELDS)
+    if shown.field == "metric":
+        return shown
     return PageError(shown.title, shown.message, "sentences" if shown.field else "")
 
 
@@ -115,7 +101,10 @@ async def demo_score(request: web.Request) -> web.Response:
         admit_at_door(request, served)
 
         async def read() -> ScoreRequest:
-            return parse_form(sentences, metric, chosen.settings)
+            # The form as POST /score's JSON body, checked by the same schema in the same words; a
+            # text of several is named by its line ("sentence 2").
+            request = chosen.score_parser.parse_document(score_document(sentences, metric))
+            return replace(request, element=SENTENCE)
 
         ran = await run_task(request, served, served.score, read)
     except MaskserveError as exc:

@@ -154,6 +154,22 @@ def load_json(text: str | bytes, max_depth: int) -> Any:
     return document
 
 
+# JSON schema's type names as a message says them.
+TYPE_WORDS = {
+    "integer": "a whole number",
+    "number": "a number",
+    "string": "a string",
+    "boolean": "true or false",
+    "array": "a list",
+    "object": "an object",
+    "null": "null",
+}
+
+
+def _as_list(value: Any) -> list[str]:
+    return [str(name) for name in value] if isinstance(value, list) else [str(value)]
+
+
 def schema_error(error: jsonschema.ValidationError) -> InvalidInput:
     """A JSON schema's complaint as a 422 that names the field, for every schema maskserve checks.
 
@@ -189,7 +205,7 @@ def schema_error(error: jsonschema.ValidationError) -> InvalidInput:
     elif validator == "const":
         message = f"{where} must be {json.dumps(value)}"
     elif validator == "type":
-        message = f"{where} must be of type {value}"
+        message = f"{where} must be {' or '.join(TYPE_WORDS.get(name, name) for name in _as_list(value))}"
     else:
         message = f"{where}: invalid value"
     return InvalidInput(message, field=field)
@@ -242,7 +258,10 @@ class RequestParser:
         return FillMaskRequest(texts=(text,), batched=False, top_k=self.settings.default_top_k, targets=None)
 
     def _parse_json(self, text: str) -> FillMaskRequest:
-        document = load_json(text, self.settings.max_json_depth)
+        return self.parse_document(load_json(text, self.settings.max_json_depth))
+
+    def parse_document(self, document: Any) -> FillMaskRequest:
+        """A JSON body already read (the HF form, or a demo form written as one), checked and built."""
         self._check_list_lengths(document)
         validate(self._validator, document)
         inputs = document["inputs"]

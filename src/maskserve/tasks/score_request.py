@@ -77,7 +77,10 @@ class ScoreRequestParser:
         text = decode_body(body)
         if content_type.lower() not in JSON_CONTENT_TYPES:
             return ScoreRequest(texts=(text,), batched=False)
-        document = load_json(text, self.settings.max_json_depth)
+        return self.parse_document(load_json(text, self.settings.max_json_depth))
+
+    def parse_document(self, document: Any) -> ScoreRequest:
+        """A JSON body already read (the API's, or the demo form written as one), checked and built."""
         check_inputs_count(document, self.settings.max_inputs)
         validate(self._validator, document)
         inputs: str | list[str] = document["inputs"]

@@ -245,11 +245,17 @@ async def test_too_long_text_is_shown_inline_with_the_text_kept(make_client: Cli
 
 async def test_bad_number_of_guesses_marks_that_field(make_client: ClientFactory) -> None:
     client = await make_client()
-    for top_k in ("0", "abc", "101"):
+    # The API's own words for parameters.top_k, the field put as the form says it.
+    for top_k, words in (
+        ("0", "must be between 1 and 100"),
+        ("abc", "must be a whole number"),
+        ("101", "must be between 1 and 100"),
+    ):
         response = await client.post("/demo", data={"text": PARIS, "top_k": top_k})
         assert response.status == 422
         page = Page(await response.text())
-        assert "from 1 to 100" in page.error
+        assert "Check the number of guesses" in page.error and f"The number of guesses {words}" in page.error
+        assert "parameters.top_k" not in page.error
         assert page.top_k_attrs["value"] == top_k
         assert page.top_k_attrs["aria-invalid"] == "true"
         assert "aria-invalid" not in page.textarea_attrs
