@@ -13,10 +13,9 @@ from typing import Literal
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from maskserve.api import health, info, oip, openapi, views
-from maskserve.api.openapi import for_model, versioned
-from maskserve.demo import page
-from maskserve.demo import score_form as score_page
+from maskserve.api import health, info, oip, openapi, operations, views
+from maskserve.api.operations import for_model, versioned
+from maskserve.demo import page, score_form
 from maskserve.request.keys import service_of
 from maskserve.service.registry import Describe, RouteOperation, RouteRoles
 
@@ -54,9 +53,9 @@ class Route:
 
 
 ROUTES: tuple[Route, ...] = (
-    Route("POST", "/", "fill_mask", views.fill_mask, openapi.fill_mask_doc, "inference"),
+    Route("POST", "/", "fill_mask", views.fill_mask, operations.fill_mask_doc, "inference"),
     # Pseudo-log-likelihood: each text's masked copies go through the same admission and batcher.
-    Route("POST", "/score", "score", views.score, openapi.score_doc, "inference"),
+    Route("POST", "/score", "score", views.score, operations.score_doc, "inference"),
     # The same for any served model by name ({name}: --model's NAME); / and /score serve the
     # first. POST /models/{name} is where the Inference API's clients post (its base URL).
     Route(
@@ -64,7 +63,7 @@ ROUTES: tuple[Route, ...] = (
         "/models/{name}",
         "fill_mask_model",
         views.fill_mask,
-        for_model(openapi.fill_mask_doc, "`POST /`"),
+        for_model(operations.fill_mask_doc, "`POST /`"),
         "inference",
     ),
     Route(
@@ -72,16 +71,16 @@ ROUTES: tuple[Route, ...] = (
         "/models/{name}/score",
         "score_model",
         views.score,
-        for_model(openapi.score_doc, "`POST /score`"),
+        for_model(operations.score_doc, "`POST /score`"),
         "inference",
     ),
     # The demo page. The form posts to /demo, never to /: POST / reads any non-JSON body as raw
     # text, so a urlencoded form there would be filled in, not decoded (see page.py).
     Route("GET", "/", "index", page.index, openapi.INDEX_DOC, "public"),
-    Route("POST", "/demo", "demo", page.demo, openapi.demo_doc, "form"),
+    Route("POST", "/demo", "demo", page.demo, operations.demo_doc, "form"),
     Route("GET", "/demo", "demo_redirect", page.demo_redirect, openapi.DEMO_REDIRECT_DOC, "public"),
-    # The page's scoring form: POST /score's path, the answer rendered as the page (score_page.py).
-    Route("POST", "/demo/score", "demo_score", score_page.demo_score, openapi.demo_score_doc, "form"),
+    # The page's scoring form: POST /score's path, the answer rendered as the page (score_form.py).
+    Route("POST", "/demo/score", "demo_score", score_form.demo_score, operations.demo_score_doc, "form"),
     Route("GET", "/demo/score", "demo_score_redirect", page.demo_redirect, openapi.DEMO_REDIRECT_DOC, "public"),
     Route("GET", "/static", "static", page.STATIC_DIR, openapi.STATIC_DOC, "public"),
     # Operability: answered from the event loop, never shed, never touching the model.
@@ -115,13 +114,13 @@ ROUTES: tuple[Route, ...] = (
         versioned(openapi.OIP_MODEL_READY_DOC),
         "public",
     ),
-    Route("POST", "/v2/models/{model}/infer", "oip_infer", oip.infer, openapi.oip_infer_doc, "inference"),
+    Route("POST", "/v2/models/{model}/infer", "oip_infer", oip.infer, operations.oip_infer_doc, "inference"),
     Route(
         "POST",
         "/v2/models/{model}/versions/{version}/infer",
         "oip_infer_version",
         oip.infer,
-        versioned(openapi.oip_infer_doc),
+        versioned(operations.oip_infer_doc),
         "inference",
     ),
 )
