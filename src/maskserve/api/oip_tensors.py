@@ -27,7 +27,8 @@ import jsonschema
 
 from maskserve.config.settings import Settings
 from maskserve.errors import InvalidBody, InvalidInput
-from maskserve.tasks.fill_mask_request import FillMaskRequest, load_json, multi_token_targets_schema, schema_error
+from maskserve.tasks.fill_mask_request import FillMaskRequest, multi_token_targets_schema
+from maskserve.tasks.request_checks import load_json, schema_error
 
 INPUT_NAME = "text"
 OUTPUT_NAME = "predictions"

@@ -18,17 +18,17 @@ import jsonschema
 from maskserve.config.settings import Settings
 from maskserve.errors import InvalidInput, TextTooLong
 from maskserve.model_api import FillMaskModel, Query
-from maskserve.tasks.fill_mask_request import (
+from maskserve.tasks.fill_mask_request import inputs_body_schema
+from maskserve.tasks.pseudo_likelihood import METRICS, Metric, TextScore, masked_copies
+from maskserve.tasks.request_checks import (
     JSON_CONTENT_TYPES,
     check_inputs_count,
     check_text_length,
     check_token_count,
     decode_body,
-    inputs_body_schema,
     load_json,
     validate,
 )
-from maskserve.tasks.pseudo_likelihood import METRICS, Metric, TextScore, masked_copies
 
 DEFAULT_METRIC: Metric = "original"
 
