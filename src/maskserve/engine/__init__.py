@@ -5,8 +5,10 @@ An engine reproduces ``transformers.pipeline("fill-mask")`` answer for answer (s
 order, scores within float noise), but runs the masked-LM head only at mask positions and takes
 already tokenized, length-varied batches. It implements ``model_api.FillMaskModel``.
 
-    base.py         what every backend shares: loading and its refusals, the thread policy,
-                    FillMaskEngine (tokens, targets, top-k, sequences, describe)
+    base.py         what every backend shares: FillMaskEngine (tokens, targets, top-k,
+                    sequences, describe), padding, the probe texts
+    pretrained.py   a model and tokenizer loaded and checked, device and dtype, the refusals
+    threads.py      the thread policy: every allowed core, or one for a small model's small batch
     torch.py        the torch backend (--backend torch): any device, dtype, --quantize
     graph.py        what the graph backends share: the engine around a graph, the loading skeleton
     export_cache.py the graphs' content-keyed disk cache: keys, atomic entries, checks
@@ -26,20 +28,22 @@ those backends are imported by name, only when asked for.
 
 from __future__ import annotations
 
-from maskserve.engine.base import (
+from maskserve.engine.base import FillMaskEngine
+from maskserve.engine.loading import load
+from maskserve.engine.pretrained import (
     DEFAULT_MODEL_PACKAGE,
-    PARALLEL_MIN_FLOPS,
-    PARALLEL_MIN_FLOPS_PER_TOKEN,
     BackendUnavailable,
-    FillMaskEngine,
     ModelLoadError,
-    ThreadPolicy,
     default_model_dir,
-    encoder_flops_per_token,
     resolve_device,
     resolve_dtype,
 )
-from maskserve.engine.loading import load
+from maskserve.engine.threads import (
+    PARALLEL_MIN_FLOPS,
+    PARALLEL_MIN_FLOPS_PER_TOKEN,
+    ThreadPolicy,
+    encoder_flops_per_token,
+)
 from maskserve.engine.torch import TorchFillMaskEngine, load_engine, quantize_int8
 
 __all__ = [

@@ -27,7 +27,7 @@ import torch
 import transformers
 from transformers import PreTrainedModel
 
-from maskserve.engine.base import BackendUnavailable
+from maskserve.engine.pretrained import BackendUnavailable
 
 log = logging.getLogger(__name__)
 

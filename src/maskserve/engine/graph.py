@@ -20,19 +20,13 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from maskserve.engine.base import (
-    BackendUnavailable,
-    FillMaskEngine,
-    LoadedModel,
-    ThreadPolicy,
-    default_model_dir,
-    encoder_flops_per_token,
-    load_pretrained,
-)
+from maskserve.engine.base import FillMaskEngine
 from maskserve.engine.cpu import describe_features
 from maskserve.engine.export_cache import CachedExport
 from maskserve.engine.onnx_export import mask_index
+from maskserve.engine.pretrained import BackendUnavailable, LoadedModel, default_model_dir, load_pretrained
 from maskserve.engine.probe import Probe
+from maskserve.engine.threads import ThreadPolicy, encoder_flops_per_token
 
 log = logging.getLogger(__name__)
 

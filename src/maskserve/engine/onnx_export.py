@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from maskserve.engine.base import split_mlm_head
 from maskserve.engine.export_cache import key_of, model_parts
+from maskserve.engine.pretrained import split_mlm_head
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from maskserve.engine import onnx_export
-from maskserve.engine.base import BackendUnavailable
 from maskserve.engine.export_cache import CachedExport, ExportFailed, one_line, open_or_make
 from maskserve.engine.graph import GraphFillMaskEngine, GraphLoad, require_cpu
 from maskserve.engine.onnx_export import INPUTS, MODEL_FILE, OUTPUT, export_key
+from maskserve.engine.pretrained import BackendUnavailable
 from maskserve.model_api import ModelSpec
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from maskserve.engine.base import BackendUnavailable
 from maskserve.engine.cpu import (
     describe_features,
     int8_fast,
@@ -43,6 +42,7 @@ from maskserve.engine.graph import GraphFillMaskEngine, GraphLoad, require_cpu
 from maskserve.engine.onnx_export import INPUTS
 from maskserve.engine.openvino_export import COMPILED_DIR, MODEL_FILE, convert_graph, export_key
 from maskserve.engine.openvino_quantize import Int8Recipe, quantize_graph, quantized_key, recipe_for
+from maskserve.engine.pretrained import BackendUnavailable
 from maskserve.model_api import ModelSpec
 
 log = logging.getLogger(__name__)

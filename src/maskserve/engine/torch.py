@@ -12,20 +12,18 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from maskserve.engine.base import (
-    FillMaskEngine,
+from maskserve.engine.base import FillMaskEngine, probe_texts
+from maskserve.engine.cpu import describe_features, precision_in_effect
+from maskserve.engine.last_layer import ReadRowsLastLayer
+from maskserve.engine.pretrained import (
     ModelLoadError,
-    ThreadPolicy,
     default_model_dir,
-    encoder_flops_per_token,
     load_pretrained,
-    probe_texts,
     resolve_device,
     resolve_dtype,
     split_mlm_head,
 )
-from maskserve.engine.cpu import describe_features, precision_in_effect
-from maskserve.engine.last_layer import ReadRowsLastLayer
+from maskserve.engine.threads import ThreadPolicy, encoder_flops_per_token
 
 log = logging.getLogger(__name__)
 
