@@ -38,7 +38,7 @@ import numpy as np
 import torch
 import transformers
 
-from maskserve.config.settings import available_cpus
+from maskserve.config.cpus import available_cpus
 from maskserve.engine import BackendUnavailable, FillMaskEngine, load_engine
 from maskserve.engine.cpu import cpu_flags, describe_features, int8_in_effect, isa_cap_in_effect, precision_in_effect
 from maskserve.model_api import ModelSpec, Query, TextPredictions

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from maskserve.config.settings import available_cpus
+from maskserve.config.cpus import available_cpus
 
 from . import offline
 from .haproxy import Address, HAProxy, documented_replica_flags, haproxy_version

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from maskserve.config.settings import available_cpus
+from maskserve.config.cpus import available_cpus
 from maskserve.engine.cpu import ISA_CAP_VARIABLE, capped, int8_kernels, read_flags
 
 from .run import cpu_model

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from maskserve.config.settings import available_cpus
+from maskserve.config.cpus import available_cpus
 
 from . import offline
 from .load import LoadResult, run_load

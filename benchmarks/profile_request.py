@@ -33,7 +33,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 import maskserve.observability.tracing
-from maskserve.config.settings import Settings, available_cpus
+from maskserve.config.cpus import available_cpus
+from maskserve.config.settings import Settings
 from maskserve.engine import FillMaskEngine
 from maskserve.http.app import create_app, inference_thread, load_model
 from maskserve.middleware.request_tracing import TRACING_KEY

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from maskserve.config.settings import available_cpus
+from maskserve.config.cpus import available_cpus
 from maskserve.engine import FillMaskEngine, load_engine
 from maskserve.engine.cpu import describe_features
 from maskserve.model_api import ModelSpec, Query

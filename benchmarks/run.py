@@ -40,7 +40,7 @@ from typing import Any
 import torch
 import transformers
 
-from maskserve.config.settings import available_cpus
+from maskserve.config.cpus import available_cpus
 from maskserve.engine.cpu import (
     describe_features,
     int8_in_effect,

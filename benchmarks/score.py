@@ -45,7 +45,7 @@ import aiohttp
 import torch
 import transformers
 
-from maskserve.config.settings import available_cpus
+from maskserve.config.cpus import available_cpus
 
 from .agreement import cpu_line
 from .load import is_loopback, percentile

@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from transformers import pipeline
 
-from maskserve.config.settings import available_cpus
+from maskserve.config.cpus import available_cpus
 
 Item = tuple[str, "asyncio.Queue[Any]"]
 

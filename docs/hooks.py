@@ -34,7 +34,9 @@ if str(ROOT / "src") not in sys.path:
 
 import maskserve  # noqa: E402
 from maskserve import errors  # noqa: E402
-from maskserve.config.settings import GROUPS, Settings, env_names, flag_names, follows_note, setting_fields  # noqa: E402
+from maskserve.config.bounds import follows_note  # noqa: E402
+from maskserve.config.flags import GROUPS, env_names, flag_names  # noqa: E402
+from maskserve.config.settings import Settings, setting_fields  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 MARKER = re.compile(r"^<!-- generated: (\w+)(?: ([\w./-]+))? -->$", re.M)

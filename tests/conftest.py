@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from maskserve.config.settings import settings_from
+from maskserve.config.bounds import settings_from
 from maskserve.engine import FillMaskEngine, load_engine
 from maskserve.engine.cpu import describe_features, int8_in_effect, isa_cap_in_effect, precision_in_effect
 from maskserve.http.app import create_app

@@ -9,8 +9,10 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from maskserve.config.bounds import followed
+from maskserve.config.flags import load_settings
 from maskserve.config.model_configs import model_configs
-from maskserve.config.settings import Settings, SettingsError, flag_name, followed, load_settings
+from maskserve.config.settings import Settings, SettingsError, flag_name
 from maskserve.http.app import SETTINGS_CHECKS, create_app
 from maskserve.observability.logs import configure_logging
 from maskserve.server.serve import serve

@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from maskserve.config.settings import GROUPS, env_names, flag_names, setting_fields
+from maskserve.config.flags import GROUPS, env_names, flag_names
+from maskserve.config.settings import setting_fields
 from tests.docs_hooks import hooks
 from tests.paths import ROOT
 from tests.project.test_layers import contract_layers

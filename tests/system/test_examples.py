@@ -12,7 +12,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from maskserve.config.settings import SettingsError, load_settings
+from maskserve.config.flags import load_settings
+from maskserve.config.settings import SettingsError
 from maskserve.engine import FillMaskEngine
 from maskserve.http.app import SETTINGS_CHECKS, create_app
 from maskserve.middleware.chain import ENTRY_POINT_GROUP

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from maskserve.__main__ import log_followed_defaults
-from maskserve.config.settings import load_settings
+from maskserve.config.flags import load_settings
 from tests.conftest import HAS_ONNXRUNTIME, HAS_OPENVINO, NO_ONNXRUNTIME, NO_OPENVINO
 from tests.live_server import maskserve_process, run_maskserve, start_maskserve
 from tests.models import build_bert, build_maskless

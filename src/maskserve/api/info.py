@@ -13,7 +13,8 @@ import aiohttp
 from aiohttp import web
 
 from maskserve import __version__
-from maskserve.config.settings import Settings, followed
+from maskserve.config.bounds import followed
+from maskserve.config.settings import Settings
 from maskserve.model_api import FillMaskModel, describe_model
 from maskserve.request.keys import service_of
 

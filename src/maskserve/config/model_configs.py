@@ -18,14 +18,9 @@ from typing import Any
 import jsonschema
 import yaml
 
-from maskserve.config.settings import (
-    GROUPS,
-    NamedSettingsError,
-    Settings,
-    contradictions,
-    setting_fields,
-    settings_from,
-)
+from maskserve.config.bounds import contradictions, settings_from
+from maskserve.config.flags import GROUPS
+from maskserve.config.settings import NamedSettingsError, Settings, setting_fields
 
 # What a models file may set per model: how it runs, its batches, its queue and what it admits.
 # The server's own settings stay one per server: which models and where their exports go, the

@@ -13,9 +13,10 @@ import jinja2
 from aiohttp import web
 
 from maskserve.api.health import ready
+from maskserve.config.flags import SettingsCheck
 from maskserve.config.model_configs import ModelConfig, model_configs
 from maskserve.config.model_configs import check as check_models
-from maskserve.config.settings import Settings, SettingsCheck
+from maskserve.config.settings import Settings
 from maskserve.demo.page import security_headers
 from maskserve.errors import ShuttingDown
 from maskserve.http.agent import agent_context

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from maskserve.config.flags import load_settings
 from maskserve.config.model_configs import model_configs
-from maskserve.config.settings import load_settings
 from tests.system.deploy.manifests import (
     KUBERNETES_VERSION,
     OVERLAYS_DIR,

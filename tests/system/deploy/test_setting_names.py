@@ -11,8 +11,8 @@ import re
 
 import pytest
 
+from maskserve.config.flags import env_names as variables_of
 from maskserve.config.settings import ENV_PREFIX, setting_fields
-from maskserve.config.settings import env_names as variables_of
 from tests.paths import ROOT
 from tests.system.deploy import containerfile
 from tests.system.deploy.manifests import Object, env_names

@@ -28,7 +28,8 @@ import pytest
 
 from benchmarks.costliest import Prober, costliest_body, post_json
 from benchmarks.haproxy import HAProxy
-from maskserve.config.settings import Settings, load_settings
+from maskserve.config.flags import load_settings
+from maskserve.config.settings import Settings
 from tests.system.fleet.fleet import (
     REPLICA_ARGS,
     Replica,

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from maskserve.config.bounds import followed
+from maskserve.config.flags import load_settings
 from maskserve.config.model_configs import model_configs, source_name
-from maskserve.config.settings import Settings, SettingsError, followed, load_settings
+from maskserve.config.settings import Settings, SettingsError
 from maskserve.http.app import SETTINGS_CHECKS
 
 

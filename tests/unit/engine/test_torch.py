@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from maskserve.config.settings import load_settings
+from maskserve.config.flags import load_settings
 from maskserve.engine import FillMaskEngine, load_engine
 from maskserve.model_api import Query
 

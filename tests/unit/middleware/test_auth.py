@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from maskserve.config.settings import Settings, build_parser, load_settings
+from maskserve.config.flags import build_parser, load_settings
+from maskserve.config.settings import Settings
 from tests.conftest import ClientFactory
 from tests.unit.middleware.test_error_sanitizer import error_of
 

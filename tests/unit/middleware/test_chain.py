@@ -10,7 +10,8 @@ import pytest
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from maskserve.config.settings import Settings, SettingsError, load_settings
+from maskserve.config.flags import load_settings
+from maskserve.config.settings import Settings, SettingsError
 from maskserve.engine import FillMaskEngine
 from maskserve.errors import INTERNAL_MESSAGE, MaskserveError
 from maskserve.http.app import SETTINGS_CHECKS, create_app

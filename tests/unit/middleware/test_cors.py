@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from maskserve.config.settings import SettingsError, load_settings
+from maskserve.config.flags import load_settings
+from maskserve.config.settings import SettingsError
 from tests.conftest import ClientFactory
 from tests.fakes import default_parts
 from tests.unit.middleware.test_error_sanitizer import error_of

@@ -19,7 +19,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 import maskserve.observability.tracing
-from maskserve.config.settings import Settings, SettingsError, load_settings
+from maskserve.config.flags import load_settings
+from maskserve.config.settings import Settings, SettingsError
 from maskserve.http.app import SETTINGS_CHECKS, create_app
 from maskserve.middleware.chain import check_tracing
 from maskserve.middleware.request_tracing import TRACING_KEY

@@ -16,7 +16,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from maskserve.config.settings import Settings, available_cpus
+from maskserve.config.cpus import available_cpus
+from maskserve.config.settings import Settings
 from maskserve.observability.metrics import merge_expositions
 from maskserve.server.workers import _assign_slot
 from tests.conftest import HAS_ONNXRUNTIME, NO_ONNXRUNTIME
