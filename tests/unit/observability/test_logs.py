@@ -1,4 +1,5 @@
-"""Logging: one access line per request with its request id, status, kind and latency; JSON lines."""
+"""observability/logs.py: the level from the settings, JSON lines, and one line per message whatever it holds
+(the access line's own fields are tested in tests/unit/request/test_access_log.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from maskserve.http.app import create_app
 from maskserve.model_api import FillMaskModel
 from maskserve.observability.logs import configure_logging
 from maskserve.request.access_log import AccessLogger
-from tests.fakes import ControlledModel, default_parts
+from tests.fakes import ControlledModel
 
 ACCESS_LOGGER = "maskserve.access"
 Client = TestClient[web.Request, web.Application]
@@ -48,52 +49,6 @@ def restore_root_logger() -> Iterator[None]:
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
-
-
-def access_fields(record: logging.LogRecord) -> tuple[str, int, str]:
-    """(request id, status, kind): the extra fields the access logger puts on its record."""
-    extra = vars(record)
-    return extra["request_id"], extra["status"], extra["kind"]
-
-
-async def access_records(caplog: pytest.LogCaptureFixture, count: int) -> list[logging.LogRecord]:
-    """The access lines so far, once there are ``count``: aiohttp logs just after the response."""
-    for _ in range(200):
-        records = [r for r in caplog.records if r.name == ACCESS_LOGGER]
-        if len(records) >= count:
-            return records
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"expected {count} access lines, got {len(records)}")
-
-
-async def test_access_line_names_request_id_status_kind_and_latency(
-    served: Callable[..., Any], caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
-    client = await served()
-    ok = await client.post("/", data="the [MASK] is red.", headers={"X-Request-Id": "req-ok-1"})
-    assert ok.status == 200
-    bad = await client.post("/", data="no mask here")
-    assert bad.status == 422
-    ok_line, bad_line = await access_records(caplog, 2)
-
-    assert ok_line.getMessage().startswith("req-ok-1 POST / 200 ok ")
-    assert access_fields(ok_line) == ("req-ok-1", 200, "ok")
-    assert vars(ok_line)["latency_ms"] >= 0
-    generated_id = bad.headers["X-Request-Id"]
-    assert access_fields(bad_line) == (generated_id, 422, "no_mask_token")
-    assert generated_id in bad_line.getMessage()
-
-
-async def test_failed_probe_is_logged_with_its_kind(
-    served: Callable[..., Any], caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
-    client = await served()
-    default_parts(client).batcher.close()  # draining: not ready
-    assert (await client.get("/readyz")).status == 503
-    (line,) = await access_records(caplog, 1)
-    assert access_fields(line)[1:] == (503, "not_ready")
 
 
 @pytest.mark.usefixtures("restore_root_logger")
