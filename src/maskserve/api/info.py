@@ -124,7 +124,7 @@ def server_info(
             "drain_timeout_s": settings.drain_timeout,
             "stall_timeout_s": settings.stall_timeout,
         },
-        # What a client connection may take and hold (connections.py).
+        # What a client connection may take and hold (serving/connection_guard.py).
         "connections": {
             "header_timeout_s": settings.header_timeout,
             "body_timeout_s": settings.body_timeout,

@@ -11,7 +11,7 @@
 metadata lists it); any other name or version is a 404 in maskserve's error shape, whose ``error``
 string is what the protocol's clients read. Every model route answers with and without the version
 segment, as the specification lists them and as clients that pass a version (``tritonclient``'s
-``model_version``, KServe's) call them. The tensors' form is in oip_schemas.py.
+``model_version``, KServe's) call them. The tensors' form is in oip_tensors.py.
 """
 
 from __future__ import annotations

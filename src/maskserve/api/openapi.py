@@ -127,7 +127,7 @@ OIP_MODEL_READY_DOC = fixed(oip_probe_operation("Open Inference Protocol: model 
 
 def openapi_document(settings: Settings, roles: RouteRoles, mask_token: str = "[MASK]") -> dict[str, Any]:
     """The OpenAPI 3.1 document of the route table's operations (``roles.operations``, handed down
-    by routes.py), with ``settings``' limits and the model's ``mask_token`` in the examples."""
+    by http/routes.py), with ``settings``' limits and the model's ``mask_token`` in the examples."""
     paths: dict[str, dict[str, Schema]] = {}
     for route in roles.operations:
         # Each its own copy: operations that share a description still get their own id.

@@ -349,7 +349,7 @@ def demo_redirect_operation() -> Schema:
     }
 
 
-# -- each route's operation: the route table (routes.py) names one of these for each route ---------
+# -- each route's operation: the route table (http/routes.py) names one of these for each route ---------
 
 
 def fixed(operation: Schema) -> Describe:

@@ -75,7 +75,7 @@ ROUTES: tuple[Route, ...] = (
         "inference",
     ),
     # The demo page. The form posts to /demo, never to /: POST / reads any non-JSON body as raw
-    # text, so a urlencoded form there would be filled in, not decoded (see page.py).
+    # text, so a urlencoded form there would be filled in, not decoded (see demo/page.py).
     Route("GET", "/", "index", page.index, openapi.INDEX_DOC, "public"),
     Route("POST", "/demo", "demo", page.demo, operations.demo_doc, "form"),
     Route("GET", "/demo", "demo_redirect", page.demo_redirect, openapi.DEMO_REDIRECT_DOC, "public"),

@@ -1,6 +1,6 @@
 """Circuit breaking at the door: refuse inference requests before their body is read.
 
-A thin adapter over the service's admission (``admission.py``, through ``handling.admit_at_door``,
+A thin adapter over the service's admission (``admission.py``, through ``run_task.admit_at_door``,
 which the demo page's form asks too). Only the routes the route table marks as inference routes
 (``RouteRoles.inference``, on the service) are ever refused: health, metrics, info and the page's
 GET always pass.

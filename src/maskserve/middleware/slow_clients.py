@@ -4,7 +4,7 @@ answer within ``--write-timeout``.
 The app factory puts it outermost, before the chain (it is not one of the chain's stages, which an
 operator may remove or reorder), and it writes the response itself (aiohttp's own write then finds
 it done): a client that does not read its answer is cut when the time runs out, and
-the bytes the socket still held are dropped with it (``connections.py``). A response the other
+the bytes the socket still held are dropped with it (``serving/connection_guard.py``). A response the other
 stages made is never changed here. It raises nothing of its own.
 """
 

@@ -6,7 +6,7 @@ name clients use for it; a request that named no served model (a probe, an unkno
 
 Each app owns a :class:`prometheus_client.CollectorRegistry` (never the process-global one), so
 several apps in one process, as in the tests, keep separate counts. Request figures come from
-``middleware/metrics.py``, batch figures from a batcher listener (on the event loop, once per
+``middleware/request_metrics.py``, batch figures from a batcher listener (on the event loop, once per
 forward pass), and the live state (queue depth, drops, refusals) is read at scrape time, so it
 can never drift from the batcher's own counters.
 """

@@ -2,7 +2,7 @@
 
 A handler opens its steps and reports how its texts were served on the request's
 :class:`RequestTrace`. With tracing off (the default) that is :data:`NO_TRACE`, whose methods do
-nothing and cost nothing; the tracing stage (``middleware/tracing.py``, ``maskserve[otel]``) puts a
+nothing and cost nothing; the tracing stage (``middleware/request_tracing.py``, ``maskserve[otel]``) puts a
 real one on the request's record (``RequestState.trace``).
 """
 

@@ -1,7 +1,7 @@
 """OpenTelemetry tracing (``maskserve[otel]``): the tracer provider, each request's spans, the batch spans.
 
 No HTTP here: the HTTP server span, and the aiohttp instrumentation that opens it, are the
-tracing stage's (``middleware/tracing.py``).
+tracing stage's (``middleware/request_tracing.py``).
 
 A request's trace, under the HTTP server span that ``opentelemetry-instrumentation-aiohttp-server``
 opens (continuing an incoming W3C ``traceparent``)::
@@ -18,7 +18,7 @@ measured, after the fact: the inference thread never touches OpenTelemetry.
 
 The provider follows OpenTelemetry's standard variables (``OTEL_SERVICE_NAME``,
 ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_EXPORTER_OTLP_ENDPOINT``...); the exporters are
-``--traces-exporter`` / ``OTEL_TRACES_EXPORTER`` (see settings.py). This module imports the
+``--traces-exporter`` / ``OTEL_TRACES_EXPORTER`` (see config/settings.py). This module imports the
 OpenTelemetry SDK, so only the tracing stage imports it, and only when tracing is on.
 """
 

@@ -31,7 +31,7 @@ class RequestState:
     # Its trace (the tracing stage's when tracing is on), and the trace id for the access log.
     trace: RequestTrace = NO_TRACE
     trace_id: str | None = None
-    # The served model its route (or a page's form) named, resolved once (handling.served_model):
+    # The served model its route (or a page's form) named, resolved once (run_task.served_model):
     # the door admits on it and the handler answers with it.
     served: ServedModel | None = None
     # That model's name; "" for routes that name none and for unknown names, so that the metrics'

@@ -10,7 +10,7 @@ delay (or at a second signal) the listener closes, what was accepted is answered
 ``--drain-timeout`` (``app.drain_on_shutdown``), idle connections are closed, and :func:`serve`
 returns: the process exits 0.
 
-Every listener's connections pass through the service's connection guard (``connections.py``):
+Every listener's connections pass through the service's connection guard (``serving/connection_guard.py``):
 the header, body, write and keep-alive timeouts, and the cap on open connections, whose refusal
 this module renders (a whole 503 in the error shape, sent before the request is read).
 """

@@ -5,7 +5,7 @@ per model the server serves (the first is the default, which ``POST /`` answers 
 models are loaded, its lifecycle context gives it the :class:`Loaded` parts (each model's engine,
 batcher and admission, the one scheduler, the tokenizer's thread, the batch loop). Each served
 model carries its tasks (tasks/), bound to its limits. A handler resolves the model its route
-names and runs one of its tasks through ``handling.run_task``, which asks the service to plan the
+names and runs one of its tasks through ``request/run_task.py``'s ``run_task``, which asks the service to plan the
 task's rows, admit and queue them, and fold their answers back; it gathers nothing itself. No
 HTTP here: the handlers, the stages and the probes sit above it.
 """
@@ -146,11 +146,11 @@ class FillMaskService:
         self.metrics = Metrics()
         # Every model served, by the name clients use; the first is the default.
         self.models: dict[str, ServedModel] = {config.name: ServedModel(config) for config in model_configs(settings)}
-        # Set by the route table (routes.py).
+        # Set by the route table (http/routes.py).
         self.routes = RouteRoles()
         # With --workers: the other worker processes, so that /metrics reports the whole server.
         self.peers: Peers | None = None
-        # None until the model is loaded (see app.inference_context).
+        # None until the model is loaded (see http/app.py's inference_context).
         self.loaded: Loaded | None = None
         # Every client connection: timeouts, the connection cap, the answers slow readers hold.
         self.connections = ConnectionGuard(settings)

@@ -4,7 +4,7 @@ A task says how its request becomes queued rows (``plan``) and how the rows' ans
 into its answer (``fold``). The service runs any task the same way (``FillMaskService.plan`` and
 ``.fold``: long work off the event loop), and every surface (the API's bodies, the Open Inference
 Protocol's tensors, the demo page's forms) reaches the model through one function,
-``handling.run_task``. No HTTP here.
+``request/run_task.py``'s ``run_task``. No HTTP here.
 
     task.py        the Task protocol, the Plan it makes, and Ran: what running one gives back
     fill_mask.py   fill-mask: each text's query, whole-word targets' copies folded back in

@@ -29,7 +29,7 @@ class FillMask:
     that text's JSON as the pipeline shapes it."""
 
     def __init__(self, parser: RequestParser) -> None:
-        # The served model's limits and checks (schemas.RequestParser): the same for every surface.
+        # The served model's limits and checks (fill_mask_request.RequestParser): the same for every surface.
         self.parser = parser
 
     def tokenizes(self, request: FillMaskRequest) -> int:

@@ -1,4 +1,4 @@
-"""Scoring (``/score``): each scored token is one masked copy of its text (scoring.py), queued like
+"""Scoring (``/score``): each scored token is one masked copy of its text (pseudo_likelihood.py), queued like
 any text; the copies' answers, the true tokens' probabilities, sum to each text's score."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class Score:
     """The scoring task of one served model: its answer is one :class:`TextScore` per text."""
 
     def __init__(self, parser: ScoreRequestParser) -> None:
-        # The served model's limits and checks (score_schemas.ScoreRequestParser).
+        # The served model's limits and checks (score_request.ScoreRequestParser).
         self.parser = parser
 
     def tokenizes(self, request: ScoreRequest) -> int:

@@ -22,7 +22,7 @@ class Plan(Protocol):
 AskT = TypeVar("AskT", contravariant=True)
 PlanT = TypeVar("PlanT", bound=Plan)
 ResultT = TypeVar("ResultT", covariant=True)
-# Invariant: for Ran, and for the functions that run any task (service.py, handling.py).
+# Invariant: for Ran, and for the functions that run any task (service/registry.py, request/run_task.py).
 RequestT = TypeVar("RequestT")
 AnswerT = TypeVar("AnswerT")
 

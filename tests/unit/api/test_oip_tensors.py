@@ -17,7 +17,8 @@ from maskserve.api.oip_tensors import (
     encode_bytes_tensor,
     infer_response,
 )
-from maskserve.config.settings import Settings, settings_from
+from maskserve.config.bounds import settings_from
+from maskserve.config.settings import Settings
 from maskserve.errors import InvalidBody, InvalidInput
 from maskserve.tasks.fill_mask_request import FillMaskRequest
 

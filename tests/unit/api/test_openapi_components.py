@@ -24,7 +24,8 @@ from maskserve.api.openapi_components import (
     retry_after,
     timing_headers,
 )
-from maskserve.config.settings import Settings, settings_from
+from maskserve.config.bounds import settings_from
+from maskserve.config.settings import Settings
 from maskserve.errors import MaskserveError, NoMaskToken, Overloaded, ResponseTooLarge
 from maskserve.middleware.error_sanitizer import REQUEST_ID_HEADER
 from maskserve.tasks.fill_mask_request import FillMaskRequest, request_schema

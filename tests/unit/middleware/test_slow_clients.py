@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
-from maskserve.config.settings import settings_from
+from maskserve.config.bounds import settings_from
 from maskserve.http.app import create_app
 from maskserve.request.keys import service_of
 from maskserve.serving.connection_guard import ConnectionGuard

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from maskserve.config.settings import Settings, settings_from
+from maskserve.config.bounds import settings_from
+from maskserve.config.settings import Settings
 from maskserve.errors import InvalidBody, InvalidInput, TextTooLong
 from maskserve.tasks.pseudo_likelihood import TextScore
 from maskserve.tasks.score_request import (
