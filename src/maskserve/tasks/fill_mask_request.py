@@ -16,8 +16,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import jsonschema
-
 from maskserve.config.settings import Settings
 from maskserve.errors import (
     InvalidInput,
@@ -29,13 +27,10 @@ from maskserve.errors import (
 )
 from maskserve.model_api import FillMaskModel, Query
 from maskserve.tasks.request_checks import (
-    JSON_CONTENT_TYPES,
+    BodyParser,
     check_inputs_count,
     check_text_length,
     check_token_count,
-    decode_body,
-    load_json,
-    validate,
 )
 from maskserve.tasks.whole_words import (
     DEFAULT_MULTI_TOKEN_TARGETS,
@@ -121,26 +116,16 @@ def multi_token_targets_schema() -> dict[str, Any]:
     }
 
 
-class RequestParser:
+class RequestParser(BodyParser[FillMaskRequest]):
     """Turns a body and its content type into a :class:`FillMaskRequest`, or raises a 4xx."""
 
     def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self._validator = jsonschema.Draft202012Validator(request_schema(settings))
+        super().__init__(settings, request_schema(settings))
 
-    def parse(self, body: bytes, content_type: str) -> FillMaskRequest:
-        text = decode_body(body)
-        if content_type.lower() in JSON_CONTENT_TYPES:
-            return self._parse_json(text)
+    def raw_text(self, text: str) -> FillMaskRequest:
         return FillMaskRequest(texts=(text,), batched=False, top_k=self.settings.default_top_k, targets=None)
 
-    def _parse_json(self, text: str) -> FillMaskRequest:
-        return self.parse_document(load_json(text, self.settings.max_json_depth))
-
-    def parse_document(self, document: Any) -> FillMaskRequest:
-        """A JSON body already read (the HF form, or a demo form written as one), checked and built."""
-        self._check_list_lengths(document)
-        validate(self._validator, document)
+    def built(self, document: Any) -> FillMaskRequest:
         inputs = document["inputs"]
         parameters = document.get("parameters") or {}
         targets = parameters.get("targets")
@@ -154,8 +139,8 @@ class RequestParser:
             multi_token_targets=DEFAULT_MULTI_TOKEN_TARGETS if mode is None else mode,
         )
 
-    def _check_list_lengths(self, document: Any) -> None:
-        """Refuse over-long lists before schema validation (see :func:`check_inputs_count`)."""
+    def check_before_schema(self, document: Any) -> None:
+        """Refuse over-long lists, inputs and targets, before schema validation (see :func:`check_inputs_count`)."""
         check_inputs_count(document, self.settings.max_inputs)
         if not isinstance(document, dict):
             return

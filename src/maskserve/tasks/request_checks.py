@@ -5,10 +5,12 @@ complaint in words that name the field, and the length checks. No aiohttp, no to
 from __future__ import annotations
 
 import json
-from typing import Any
+from abc import ABC, abstractmethod
+from typing import Any, Generic, TypeVar
 
 import jsonschema
 
+from maskserve.config.settings import Settings
 from maskserve.errors import InvalidBody, InvalidInput, TextTooLong
 from maskserve.model_api import FillMaskModel
 
@@ -143,3 +145,40 @@ def check_text_length(text: str, where: str, field: str, max_chars: int) -> None
 def check_token_count(tokens: int, where: str, field: str, model: FillMaskModel) -> None:
     if tokens > model.max_tokens:
         raise TextTooLong(f"{where} has {tokens} tokens; this model reads at most {model.max_tokens}", field=field)
+
+
+RequestT = TypeVar("RequestT")
+
+
+class BodyParser(ABC, Generic[RequestT]):
+    """A task's request from a body: a JSON body checked against the task's schema, any other body
+    the raw text. Bound to one served model's limits; its schema is compiled once."""
+
+    def __init__(self, settings: Settings, schema: dict[str, Any]) -> None:
+        self.settings = settings
+        self._validator = jsonschema.Draft202012Validator(schema)
+
+    def parse(self, body: bytes, content_type: str) -> RequestT:
+        text = decode_body(body)
+        if content_type.lower() in JSON_CONTENT_TYPES:
+            return self.parse_document(load_json(text, self.settings.max_json_depth))
+        return self.raw_text(text)
+
+    def parse_document(self, document: Any) -> RequestT:
+        """A JSON body already read (the API's, or a demo form written as one), checked and built."""
+        self.check_before_schema(document)
+        validate(self._validator, document)
+        return self.built(document)
+
+    def check_before_schema(self, document: Any) -> None:
+        """Refusals cheaper than the schema, run first (an over-long list, whose validation costs
+        grow with each item)."""
+        check_inputs_count(document, self.settings.max_inputs)
+
+    @abstractmethod
+    def raw_text(self, text: str) -> RequestT:
+        """The request a raw (non-JSON) body makes: its text, the defaults for the rest."""
+
+    @abstractmethod
+    def built(self, document: Any) -> RequestT:
+        """The request of a JSON body that passed the schema."""

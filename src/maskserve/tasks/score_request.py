@@ -13,21 +13,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import jsonschema
-
 from maskserve.config.settings import Settings
 from maskserve.errors import InvalidInput, TextTooLong
 from maskserve.model_api import FillMaskModel, Query
 from maskserve.tasks.fill_mask_request import inputs_body_schema
 from maskserve.tasks.pseudo_likelihood import METRICS, Metric, TextScore, masked_copies
 from maskserve.tasks.request_checks import (
-    JSON_CONTENT_TYPES,
-    check_inputs_count,
+    BodyParser,
     check_text_length,
     check_token_count,
-    decode_body,
-    load_json,
-    validate,
 )
 
 DEFAULT_METRIC: Metric = "original"
@@ -66,23 +60,16 @@ def score_request_schema(settings: Settings) -> dict[str, Any]:
     )
 
 
-class ScoreRequestParser:
+class ScoreRequestParser(BodyParser[ScoreRequest]):
     """Turns a body into a :class:`ScoreRequest`, and its texts into masked copies, or raises a 4xx."""
 
     def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self._validator = jsonschema.Draft202012Validator(score_request_schema(settings))
+        super().__init__(settings, score_request_schema(settings))
 
-    def parse(self, body: bytes, content_type: str) -> ScoreRequest:
-        text = decode_body(body)
-        if content_type.lower() not in JSON_CONTENT_TYPES:
-            return ScoreRequest(texts=(text,), batched=False)
-        return self.parse_document(load_json(text, self.settings.max_json_depth))
+    def raw_text(self, text: str) -> ScoreRequest:
+        return ScoreRequest(texts=(text,), batched=False)
 
-    def parse_document(self, document: Any) -> ScoreRequest:
-        """A JSON body already read (the API's, or the demo form written as one), checked and built."""
-        check_inputs_count(document, self.settings.max_inputs)
-        validate(self._validator, document)
+    def built(self, document: Any) -> ScoreRequest:
         inputs: str | list[str] = document["inputs"]
         parameters = document.get("parameters") or {}
         metric = parameters.get("metric")

@@ -70,7 +70,7 @@ def test_null_parameters_take_the_defaults() -> None:
             "must be one of original, within_word_l2r",
         ),
         ({"inputs": "a", "parameters": {"top_k": 3}}, "parameters", 'unknown field "top_k"'),
-        ({"inputs": "a", "parameters": {"tokens": "yes"}}, "parameters.tokens", "must be of type"),
+        ({"inputs": "a", "parameters": {"tokens": "yes"}}, "parameters.tokens", "must be true or false or null"),
         ({"text": "a"}, "inputs", '"inputs"'),
         ({"inputs": ["a"] * 65}, "inputs", "more than 64"),
     ],
