@@ -16,6 +16,7 @@ from maskserve.config.flags import load_settings
 from maskserve.config.settings import SettingsError
 from maskserve.engine import FillMaskEngine
 from maskserve.http.app import SETTINGS_CHECKS, create_app
+from maskserve.http.routes import ROUTES
 from maskserve.middleware.chain import ENTRY_POINT_GROUP
 from tests.paths import ROOT
 from tests.unit.middleware.test_error_sanitizer import error_of
@@ -102,3 +103,59 @@ def test_buckets_refill_at_the_rate_and_stay_bounded(plugin: ModuleType) -> None
     buckets.take("c")
     assert len(buckets) == 2 and "a" not in buckets
     assert buckets.take("a") == 0.0
+
+
+# -- the example task (examples/task): a task is its module and its route entry ------------------
+
+
+@pytest.fixture
+def filled_task(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(ROOT / "examples" / "task"))
+    return importlib.import_module("filled")
+
+
+async def serve_with(
+    aiohttp_client: Any, engine: FillMaskEngine, routes: tuple[Any, ...] | None = None
+) -> TestClient[web.Request, web.Application]:
+    settings = load_settings([], env={}, checks=SETTINGS_CHECKS)
+    app = create_app(settings, engine=engine) if routes is None else create_app(settings, engine=engine, routes=routes)
+    client: TestClient[web.Request, web.Application] = await aiohttp_client(app)
+    return client
+
+
+async def test_the_example_task_fills_each_mask_with_the_best_guess_of_post_root(
+    filled_task: ModuleType, aiohttp_client: Any, bert_engine: FillMaskEngine
+) -> None:
+    client = await serve_with(aiohttp_client, bert_engine, (*ROUTES, filled_task.FILLED_ROUTE))
+    texts = ["paris is the [MASK] of france.", "the [MASK] barked at the [MASK]."]
+    response = await client.post("/filled", json={"inputs": texts})
+    assert response.status == 200, await response.text()
+    assert int(response.headers["X-Batch-Size"]) >= 1
+    best = await (await client.post("/", json={"inputs": texts, "parameters": {"top_k": 1}})).json()
+    expected = []
+    for text, masks in zip(texts, best, strict=True):
+        masks = masks if isinstance(masks[0], list) else [masks]
+        for guesses in masks:
+            text = text.replace("[MASK]", guesses[0]["token_str"].strip(), 1)
+        expected.append({"filled": text})
+    assert await response.json() == expected
+
+
+async def test_the_example_task_refuses_bad_input_as_every_route_does(
+    filled_task: ModuleType, aiohttp_client: Any, bert_engine: FillMaskEngine
+) -> None:
+    client = await serve_with(aiohttp_client, bert_engine, (*ROUTES, filled_task.FILLED_ROUTE))
+    error = await error_of(await client.post("/filled", data=b"no mask here"), 422, "no_mask_token")
+    assert "[MASK]" in error["error"]
+    assert (await client.post("/filled", data=PARIS)).status == 200  # still serving
+
+
+async def test_the_example_task_is_in_the_openapi_document_only_when_served(
+    filled_task: ModuleType, aiohttp_client: Any, bert_engine: FillMaskEngine
+) -> None:
+    served = await serve_with(aiohttp_client, bert_engine, (*ROUTES, filled_task.FILLED_ROUTE))
+    paths = (await (await served.get("/openapi.json")).json())["paths"]
+    assert paths["/filled"]["post"]["operationId"] == "filled"
+    default = await serve_with(aiohttp_client, bert_engine)
+    assert "/filled" not in (await (await default.get("/openapi.json")).json())["paths"]
+    assert (await default.post("/filled", data=PARIS)).status == 404

@@ -20,7 +20,7 @@ from maskserve.config.settings import Settings
 from maskserve.demo.page import security_headers
 from maskserve.errors import ShuttingDown
 from maskserve.http.agent import agent_context
-from maskserve.http.routes import setup_routes
+from maskserve.http.routes import ROUTES, Route, setup_routes
 from maskserve.middleware import chain
 from maskserve.middleware.chain import Spec, build_chain
 from maskserve.middleware.slow_clients import connections_middleware
@@ -183,6 +183,7 @@ def create_app(
     engines: Mapping[str, FillMaskModel] | None = None,
     thread: ThreadPoolExecutor | None = None,
     middlewares: Spec | None = None,
+    routes: Sequence[Route] = ROUTES,
 ) -> web.Application:
     """Build the server. Without ``engine`` or ``engines``, the models named in ``settings`` are
     loaded at start-up, on the inference thread. Models loaded beforehand come as ``engines`` (by
@@ -193,6 +194,9 @@ def create_app(
     ``middlewares`` overrides ``settings.middleware`` with the same specification, as a string or
     a list of names and factories (see :mod:`maskserve.middleware.chain`, where the built-in stages
     and their order are declared); a bad one raises ``MiddlewareError`` here, before any serving.
+
+    ``routes`` is the route table served: the server's own (``http/routes.py``), or a caller's that
+    adds to it (a task of one's own: see the architecture docs).
     """
     chain = build_chain(settings.middleware if middlewares is None else middlewares, settings)
     # The connection stage comes before the chain and is not a stage of it: it belongs to the
@@ -229,5 +233,5 @@ def create_app(
     # CSP on HTML, nosniff and Referrer-Policy everywhere (static files and errors included).
     app.on_response_prepare.append(security_headers)
     app.on_response_prepare.append(close_connections_while_draining)
-    setup_routes(app)
+    setup_routes(app, routes)
     return app

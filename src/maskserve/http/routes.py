@@ -6,6 +6,7 @@ are all derived from :data:`ROUTES`; a path is written nowhere else.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -126,23 +127,30 @@ ROUTES: tuple[Route, ...] = (
 )
 
 
-def _named(role: Role) -> frozenset[str]:
-    return frozenset(route.name for route in ROUTES if route.role == role)
+def route_roles(routes: Sequence[Route]) -> RouteRoles:
+    """What ``routes`` say of themselves, for the stages that treat some apart and for OpenAPI."""
+
+    def named(role: Role) -> frozenset[str]:
+        return frozenset(route.name for route in routes if route.role == role)
+
+    return RouteRoles(
+        inference=named("inference"),
+        forms=named("form"),
+        public=named("public"),
+        operations=tuple(route.operation() for route in routes),
+    )
 
 
-ROUTE_ROLES = RouteRoles(
-    inference=_named("inference"),
-    forms=_named("form"),
-    public=_named("public"),
-    operations=tuple(route.operation() for route in ROUTES),
-)
+ROUTE_ROLES = route_roles(ROUTES)
 
 
-def route_table() -> list[web.AbstractRouteDef]:
+def route_table(routes: Sequence[Route] = ROUTES) -> list[web.AbstractRouteDef]:
     """Every route the server has, named: a route's name is its OpenAPI operationId."""
-    return [route.definition() for route in ROUTES]
+    return [route.definition() for route in routes]
 
 
-def setup_routes(app: web.Application) -> None:
-    app.add_routes(route_table())
-    service_of(app).routes = ROUTE_ROLES
+def setup_routes(app: web.Application, routes: Sequence[Route] = ROUTES) -> None:
+    """``routes`` on the app (the server's own table unless a caller adds to it), and what they say
+    of themselves on the service."""
+    app.add_routes(route_table(routes))
+    service_of(app).routes = ROUTE_ROLES if routes is ROUTES else route_roles(routes)
