@@ -105,6 +105,8 @@ def inference_context(
         configs = [served.config for served in service.models.values()]
         loaded = dict(engines) if engines is not None else await loop.run_in_executor(executor, load_models, configs)
         scheduler = Scheduler(executor)
+        # One thread, so that tokenizing long texts takes at most one core from the models.
+        tokenizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="maskserve-tokenizer")
         models: dict[str, ModelParts] = {}
         for served in service.models.values():
             batcher = Batcher(loaded[served.name], executor, served.settings, scheduler=scheduler, name=served.name)
@@ -119,9 +121,8 @@ def inference_context(
                     batcher.calibrated_longest_s,
                     batcher.stall_budget(served.settings.stall_timeout),
                 )
-            served.parts = models[served.name] = ModelParts(loaded[served.name], batcher, Admission(batcher))
-        # One thread, so that tokenizing long texts takes at most one core from the models.
-        tokenizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="maskserve-tokenizer")
+            parts = ModelParts(loaded[served.name], batcher, Admission(batcher), tokenizer)
+            served.parts = models[served.name] = parts
         task = asyncio.create_task(scheduler.run(), name="maskserve-batch-loop")
         service.loaded = Loaded(models, scheduler, tokenizer, task)
         for name, parts in models.items():

@@ -49,7 +49,7 @@ def served_model(request: web.Request, name: str | None = None) -> ServedModel:
 
 def admit_at_door(request: web.Request, served: ServedModel | None = None) -> None:
     """Admission before the body is read; the deadline is fixed here, so reading the body counts."""
-    service_of(request.app).at_door(request_deadline(request), served or served_model(request))
+    (served or served_model(request)).at_door(request_deadline(request))
 
 
 async def read_body(request: web.Request) -> bytes:
@@ -91,7 +91,7 @@ async def answer(request: web.Request, queries: Sequence[Query], served: ServedM
     """Admit a request's rows on ``served``'s whole cost, queue them and wait for their answers,
     which are kept on the request for the metrics."""
     state = state_of(request)
-    answers = await service_of(request.app).answer(queries, request_deadline(request), state.trace, served)
+    answers = await served.answer(queries, request_deadline(request), state.trace)
     state.answers = answers
     return answers
 
@@ -108,12 +108,11 @@ async def run_task(
 
     Reading and planning are the request's ``maskserve.parse`` step: the surface's mistakes and the
     texts' are found there, before any work is queued."""
-    service = service_of(request.app)
     with state_of(request).trace.step("maskserve.parse"):
         asked = await read()
-        plan = await service.plan(task, asked, served)
+        plan = await served.plan(task, asked)
     rows = await answer(request, plan.queries, served)
-    return Ran(asked, await service.fold(task, plan, rows, served), rows)
+    return Ran(asked, await served.fold(task, plan, rows), rows)
 
 
 def timing_headers(answers: Sequence[Answer]) -> dict[str, str]:

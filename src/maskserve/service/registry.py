@@ -4,9 +4,9 @@ The app factory builds a :class:`FillMaskService` from the settings, with one :c
 per model the server serves (the first is the default, which ``POST /`` answers with); once the
 models are loaded, its lifecycle context gives it the :class:`Loaded` parts (each model's engine,
 batcher and admission, the one scheduler, the tokenizer's thread, the batch loop). Each served
-model carries its tasks (tasks/), bound to its limits. A handler resolves the model its route
-names and runs one of its tasks through ``request/run_task.py``'s ``run_task``, which asks the service to plan the
-task's rows, admit and queue them, and fold their answers back; it gathers nothing itself. No
+model carries its tasks (tasks/), bound to its limits, and runs them: it plans a task's rows,
+admits and queues them, and folds their answers back. A handler resolves the model its route names
+and runs one of its tasks through ``request/run_task.py``'s ``run_task``; it gathers nothing itself. No
 HTTP here: the handlers, the stages and the probes sit above it.
 """
 
@@ -93,6 +93,8 @@ class ModelParts:
     model: FillMaskModel
     batcher: Batcher
     admission: Admission
+    # The one tokenizer thread every model shares (Loaded.tokenizer): long plans and folds run there.
+    tokenizer: Executor
 
 
 @dataclass(frozen=True)
@@ -110,8 +112,9 @@ class Loaded:
 
 
 class ServedModel:
-    """One model the server serves: the name clients use, its settings and the parsers bound to its
-    limits, known before it loads; its :class:`ModelParts` once loaded."""
+    """One model the server serves: the name clients use, its settings, the parsers and tasks bound
+    to its limits, known before it loads; its :class:`ModelParts` once loaded, with which it plans,
+    admits, queues and folds its tasks' work."""
 
     def __init__(self, config: ModelConfig) -> None:
         # What to load and how, as the settings named it (the app loads every model from these).
@@ -132,6 +135,37 @@ class ServedModel:
             # Handlers run only once the app has started, and it starts by loading every model.
             raise RuntimeError(f"model {self.name!r} is not loaded yet; this is a bug")
         return self.parts
+
+    def at_door(self, deadline: float) -> None:
+        """Admission at the door, before the body is read: every route that queues work asks this."""
+        self.loaded.admission.at_door(deadline - asyncio.get_running_loop().time())
+
+    async def plan(self, task: Task[RequestT, PlanT, Any], request: RequestT) -> PlanT:
+        """``task``'s rows for ``request`` on this model, checked (a 4xx names the first problem):
+        tokenized on the event loop when short, on the tokenizer's thread otherwise."""
+        model = self.loaded.model
+        if task.tokenizes(request) <= INLINE_TOKENIZE_CHARS:
+            return task.plan(request, model)
+        return await asyncio.get_running_loop().run_in_executor(self.loaded.tokenizer, task.plan, request, model)
+
+    async def fold(self, task: Task[Any, PlanT, AnswerT], plan: PlanT, answers: Sequence[Answer]) -> AnswerT:
+        """``task``'s answer from its rows' answers: on the event loop when it decodes little, on
+        the tokenizer's thread otherwise."""
+        model = self.loaded.model
+        if task.decodes(plan) <= INLINE_DECODE_TOKENS:
+            return task.fold(plan, answers, model)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.loaded.tokenizer, task.fold, plan, answers, model)
+
+    async def answer(self, queries: Sequence[Query], deadline: float, trace: RequestTrace) -> list[Answer]:
+        """Admit a request on its whole cost, queue its rows and wait for their answers, traced."""
+        parts = self.loaded
+        time_left = deadline - asyncio.get_running_loop().time()
+        parts.admission.admit(Work.of(queries), time_left, self.settings.request_timeout)
+        queued_ns = time.time_ns()
+        answers = await parts.batcher.answer(queries, deadline, trace.link)
+        trace.served(answers, queued_ns)
+        return answers
 
 
 class FillMaskService:
@@ -180,38 +214,3 @@ class FillMaskService:
     @property
     def scheduler(self) -> Scheduler:
         return self._parts().scheduler
-
-    def at_door(self, deadline: float, served: ServedModel) -> None:
-        """Admission at the door, before the body is read: every route that queues work asks this."""
-        served.loaded.admission.at_door(deadline - asyncio.get_running_loop().time())
-
-    async def plan(self, task: Task[RequestT, PlanT, Any], request: RequestT, served: ServedModel) -> PlanT:
-        """``task``'s rows for ``request`` on ``served``, checked (a 4xx names the first problem):
-        tokenized on the event loop when short, on the tokenizer's thread otherwise."""
-        model = served.loaded.model
-        if task.tokenizes(request) <= INLINE_TOKENIZE_CHARS:
-            return task.plan(request, model)
-        return await asyncio.get_running_loop().run_in_executor(self._parts().tokenizer, task.plan, request, model)
-
-    async def fold(
-        self, task: Task[Any, PlanT, AnswerT], plan: PlanT, answers: Sequence[Answer], served: ServedModel
-    ) -> AnswerT:
-        """``task``'s answer from its rows' answers: on the event loop when it decodes little, on
-        the tokenizer's thread otherwise."""
-        model = served.loaded.model
-        if task.decodes(plan) <= INLINE_DECODE_TOKENS:
-            return task.fold(plan, answers, model)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._parts().tokenizer, task.fold, plan, answers, model)
-
-    async def answer(
-        self, queries: Sequence[Query], deadline: float, trace: RequestTrace, served: ServedModel
-    ) -> list[Answer]:
-        """Admit a request on its whole cost, queue its rows and wait for their answers, traced."""
-        parts = served.loaded
-        time_left = deadline - asyncio.get_running_loop().time()
-        parts.admission.admit(Work.of(queries), time_left, served.settings.request_timeout)
-        queued_ns = time.time_ns()
-        answers = await parts.batcher.answer(queries, deadline, trace.link)
-        trace.served(answers, queued_ns)
-        return answers

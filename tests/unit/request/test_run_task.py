@@ -1,4 +1,4 @@
-"""What the handlers share (handling.py): one path from every surface's input to a task's answer,
+"""What the handlers share (request/run_task.py): one path from every surface's input to a task's answer,
 and the timing headers of the slowest row."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from maskserve.request.run_task import timing_headers
-from maskserve.service.registry import FillMaskService
+from maskserve.service.registry import ServedModel
 from maskserve.serving.work_queue import Answer
 from tests.conftest import ClientFactory
 
@@ -32,18 +32,18 @@ async def test_every_surface_runs_its_task_through_the_one_path(
     client = await make_client()
     planned: list[str] = []
     folded: list[str] = []
-    plan, fold = FillMaskService.plan, FillMaskService.fold
+    plan, fold = ServedModel.plan, ServedModel.fold
 
-    async def plan_spy(self: FillMaskService, task: Any, *args: Any) -> Any:
+    async def plan_spy(self: ServedModel, task: Any, *args: Any) -> Any:
         planned.append(type(task).__name__)
         return await plan(self, task, *args)
 
-    async def fold_spy(self: FillMaskService, task: Any, *args: Any) -> Any:
+    async def fold_spy(self: ServedModel, task: Any, *args: Any) -> Any:
         folded.append(type(task).__name__)
         return await fold(self, task, *args)
 
-    monkeypatch.setattr(FillMaskService, "plan", plan_spy)
-    monkeypatch.setattr(FillMaskService, "fold", fold_spy)
+    monkeypatch.setattr(ServedModel, "plan", plan_spy)
+    monkeypatch.setattr(ServedModel, "fold", fold_spy)
     for path, body, task in SURFACES:
         response = await client.post(path, **body)
         assert response.status == 200, (path, await response.text())

@@ -123,7 +123,7 @@ async def test_only_long_texts_are_tokenized_off_the_event_loop(
 ) -> None:
     model = EchoModel()
     service = (await make_client(engine=model)).app[SERVICE_KEY]
-    planned = await service.plan(WhereTask(), Ask(chars), service.default)
+    planned = await service.default.plan(WhereTask(), Ask(chars))
     assert planned.model is model
     if on_the_loop:
         assert planned.thread == threading.current_thread().name
@@ -140,7 +140,7 @@ async def test_only_answers_that_decode_much_are_folded_off_the_event_loop(
     model = EchoModel()
     service = (await make_client(engine=model)).app[SERVICE_KEY]
     plan = Planned(Ask(1, tokens), "", model)
-    thread, folded_with = await service.fold(WhereTask(), plan, [], service.default)
+    thread, folded_with = await service.default.fold(WhereTask(), plan, [])
     assert folded_with is model
     if on_the_loop:
         assert thread == threading.current_thread().name
@@ -163,39 +163,39 @@ class RecordingTrace:
         self.served_with.append((list(answers), queued_ns))
 
 
-async def test_a_request_is_planned_answered_and_folded_through_the_service(make_client: ClientFactory) -> None:
+async def test_a_request_is_planned_answered_and_folded_by_its_served_model(make_client: ClientFactory) -> None:
     service = (await make_client(engine=EchoModel())).app[SERVICE_KEY]
     served = service.default
     request = FillMaskRequest(texts=("a [MASK] b", "c d [MASK]"), batched=True, top_k=1, targets=None)
-    plan = await service.plan(served.fill_mask, request, served)
+    plan = await served.plan(served.fill_mask, request)
     trace = RecordingTrace()
     deadline = asyncio.get_running_loop().time() + 5
-    answers = await service.answer(plan.queries, deadline, trace, served)
+    answers = await served.answer(plan.queries, deadline, trace)
     assert [answer.predictions[0][0]["sequence"] for answer in answers] == [
         str(query.input_ids) for query in plan.queries
     ]
     (told,) = trace.served_with
     assert told[0] == answers and told[1] > 0
-    folded = await service.fold(served.fill_mask, plan, answers, served)
+    folded = await served.fold(served.fill_mask, plan, answers)
     assert [json.loads(answer.json)[0]["token_str"] for answer in folded] == ["echo", "echo"]
 
 
 async def test_a_request_already_late_at_the_door_is_a_504(make_client: ClientFactory) -> None:
     service = (await make_client(engine=EchoModel())).app[SERVICE_KEY]
     with pytest.raises(DeadlineExceeded):
-        service.at_door(asyncio.get_running_loop().time() - 0.1, service.default)
+        service.default.at_door(asyncio.get_running_loop().time() - 0.1)
 
 
 async def test_the_door_refuses_once_the_models_batcher_is_closed(make_client: ClientFactory) -> None:
     service = (await make_client(engine=EchoModel())).app[SERVICE_KEY]
     service.default.loaded.batcher.close()
     with pytest.raises(ShuttingDown):
-        service.at_door(asyncio.get_running_loop().time() + 5, service.default)
+        service.default.at_door(asyncio.get_running_loop().time() + 5)
 
 
 async def test_a_request_admitted_with_no_time_left_is_a_504_before_it_queues(make_client: ClientFactory) -> None:
     service = (await make_client(engine=EchoModel())).app[SERVICE_KEY]
     query = Query(input_ids=(101, 4, 102), top_k=1)
     with pytest.raises(DeadlineExceeded):
-        await service.answer([query], asyncio.get_running_loop().time() - 0.1, NO_TRACE, service.default)
+        await service.default.answer([query], asyncio.get_running_loop().time() - 0.1, NO_TRACE)
     assert service.default.loaded.batcher.depth == 0
