@@ -56,5 +56,5 @@ async def test_simultaneous_requests_each_get_their_own_answer_in_shared_batches
     batcher = default_parts(client).batcher
     assert sum(model.batch_sizes()) >= N_REQUESTS  # a split retry would only add to it
     assert max(model.batch_sizes()) > 1, model.batch_sizes
-    assert batcher.batches_run < N_REQUESTS
+    assert batcher.scheduler.batches_run < N_REQUESTS
     assert any(int(headers["X-Batch-Size"]) > 1 for _, _, headers in results[:-1])

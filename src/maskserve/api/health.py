@@ -3,7 +3,7 @@
 ``/livez`` asks "should this process be restarted?" Only a stuck inference thread (one batch,
 of any model, holding it past the stall budget) or a dead batch loop says yes: there is one of each
 whatever the number of models. The budget is a multiple of the
-longest batch the limits admit, by this machine's measured costs (``Batcher.stall_budget``), so a
+longest batch the limits admit, by this machine's measured costs (``Forecast.stall_budget``), so a
 big request can never look like a hang, and a busy or overloaded server is alive: restarting it
 would only lose its queue.
 

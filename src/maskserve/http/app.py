@@ -118,8 +118,8 @@ def inference_context(
                     "stall budget %.1fs",
                     served.name,
                     seconds,
-                    batcher.calibrated_longest_s,
-                    batcher.stall_budget(served.settings.stall_timeout),
+                    batcher.forecast.calibrated_longest_s,
+                    batcher.forecast.stall_budget(served.settings.stall_timeout),
                 )
             parts = ModelParts(loaded[served.name], batcher, Admission(batcher), tokenizer)
             served.parts = models[served.name] = parts

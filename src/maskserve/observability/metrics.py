@@ -256,7 +256,7 @@ class _ServingState(Collector):
             "maskserve_inference_in_flight_seconds",
             "How long the forward pass in flight (any model's) has been running; 0 when idle (/livez "
             "compares it with the stall budget).",
-            value=lanes[0].batcher.busy_for,
+            value=lanes[0].batcher.scheduler.busy_for,
         )
         for family in (depth, limit, wait, dropped, refused, load):
             if family.samples:

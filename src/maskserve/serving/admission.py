@@ -47,7 +47,7 @@ class Admission:
         own shorter one is too short. One that could, but not behind the work already queued, is
         told to come back when that work is done (503, Retry-After).
         """
-        own = self.batcher.seconds_for(work)
+        own = self.batcher.forecast.seconds_for(work)
         if own > time_left:
             if own > request_timeout:
                 raise RequestTooCostly(

@@ -26,6 +26,7 @@ from maskserve.config.settings import Settings
 from maskserve.errors import DeadlineExceeded, InferenceFailed
 from maskserve.model_api import FillMaskModel, Query
 from maskserve.serving.costs import NO_WORK, BatchReport, CostModel, Work
+from maskserve.serving.forecast import Forecast
 from maskserve.serving.inference import Outcome, infer
 from maskserve.serving.packing import choose_batch, padded_cost
 from maskserve.serving.scheduler import InFlight, Scheduler
@@ -37,11 +38,6 @@ log = logging.getLogger(__name__)
 # How many waiting texts the packer looks at per batch: enough to sort lengths apart, few enough
 # that planning stays well under a millisecond (it runs on the event loop).
 PACKING_WINDOW_BATCHES = 2
-# The stall budget is this many times the longest batch the limits admit: a pass that runs past
-# it is not slow, it is stuck.
-STALL_MULTIPLE = 4.0
-# ... or this many times the longest pass seen so far, which a busy machine may stretch.
-STALL_OBSERVED_MULTIPLE = 2.0
 
 
 class Batcher:
@@ -71,11 +67,9 @@ class Batcher:
         self.cost = CostModel()
         self.drops = DropCounts()
         self.listeners: list[Callable[[BatchReport], None]] = [self.cost.observe]
-        # The longest batch the limits admit as predicted when warm-up measured the model, and
-        # the longest pass seen since: floors of the stall budget that recent short batches,
-        # which the cost model follows, cannot wear down.
-        self.calibrated_longest_s = 0.0
-        self.longest_pass_s = 0.0
+        # What this model's work will take, by the cost its passes measure: admission, Retry-After,
+        # the scheduler's fair shares and the stall budget read it.
+        self.forecast = Forecast(settings, model.max_tokens, self.cost)
         self._queue = WorkQueue()
 
     # -- intake (event loop) ------------------------------------------------------------------
@@ -94,25 +88,6 @@ class Batcher:
     def closed(self) -> bool:
         return self.scheduler.closed
 
-    @property
-    def busy(self) -> bool:
-        """Whether the inference thread runs a batch now, this model's or another's."""
-        return self.scheduler.in_flight is not None
-
-    @property
-    def busy_for(self) -> float:
-        """Seconds the batch in flight, whichever model's, has held the inference thread; 0 when idle."""
-        return self.scheduler.busy_for
-
-    @property
-    def batches_run(self) -> int:
-        """Forward passes the inference thread has run, every model's."""
-        return self.scheduler.batches_run
-
-    @property
-    def last_progress(self) -> float:
-        return self.scheduler.last_progress
-
     def is_full(self, extra: int = 1) -> bool:
         """Whether ``extra`` more texts would overflow the queue's bound (admission asks)."""
         if self.depth + extra > self.settings.max_queue:
@@ -121,43 +96,14 @@ class Batcher:
             self._discard_done()
         return self.depth + extra > self.settings.max_queue
 
-    def seconds_for(self, work: Work) -> float:
-        """Predicted seconds to answer ``work`` from an idle model: its passes and its post-processing."""
-        if work.texts == 0:
-            return 0.0
-        settings = self.settings
-        # At least as many passes as the size and the token budget each require (a lower
-        # bound: padding needs more), and never fewer than one.
-        batches = max(-(-work.texts // settings.max_batch_size), -(-work.tokens // settings.max_batch_tokens), 1)
-        return self.cost.predict(work.tokens, batches=batches) + self.cost.post_processing(work)
-
     def predicted_wait(self, extra: Work = NO_WORK) -> float:
         """Seconds until texts queued now (plus ``extra``) would have their answers, by the measured
         cost, with the other models' queued work sharing the thread fairly (see the scheduler)."""
-        return self.scheduler.predicted_wait(self, self.seconds_for(self._queue.work + extra))
+        return self.scheduler.predicted_wait(self, self.forecast.seconds_for(self._queue.work + extra))
 
     def retry_after(self) -> float:
         """Seconds until the work ahead is done, by the measured cost; at least 1."""
         return max(1.0, self.predicted_wait())
-
-    def longest_batch_s(self) -> float:
-        """Predicted seconds of the costliest batch the limits admit: a full token budget in one
-        pass, then the most predictions each of its texts may ask for, decoded at full length."""
-        settings = self.settings
-        texts = settings.max_batch_size
-        tokens = max(settings.max_batch_tokens, self.model.max_tokens)
-        predictions = texts * settings.max_text_predictions
-        worst = Work(texts, tokens, predictions, settings.max_text_predictions * tokens)
-        return self.cost.predict(tokens) + self.cost.post_processing(worst)
-
-    def stall_budget(self, floor: float) -> float:
-        """Seconds one batch may hold the inference thread before it counts as stuck: a multiple
-        of the longest batch the limits admit (and of the longest seen), never less than ``floor``.
-
-        No admitted request can then trip it, on any machine: it is measured here.
-        """
-        longest = max(self.calibrated_longest_s, self.longest_batch_s())
-        return max(floor, STALL_MULTIPLE * longest, STALL_OBSERVED_MULTIPLE * self.longest_pass_s)
 
     def enqueue(self, query: Query, deadline: float, context: object = None) -> asyncio.Future[Answer]:
         """Queue one text; ``deadline`` is on the event loop's clock. Admission is the caller's."""
@@ -244,8 +190,7 @@ class Batcher:
                 self.cost.observe(outcome.report(items, failed=0, number=0))
         self.cost.forward.anchor()
         self.cost.post.anchor()
-        self.calibrated_longest_s = self.longest_batch_s()
-        self.longest_pass_s = 0.0  # the cold pass is no measure of a stall
+        self.forecast.calibrate()
         return time.perf_counter() - started
 
     # -- the batch loop -------------------------------------------------------------------------
@@ -288,7 +233,7 @@ class Batcher:
             if item.future.done():
                 self._queue.pop()
                 self._count_drop(item, now)
-            elif now + self.seconds_for(item.work) >= item.deadline:
+            elif now + self.forecast.seconds_for(item.work) >= item.deadline:
                 self._queue.pop()
                 self.drops.expired += 1
                 item.future.set_exception(DeadlineExceeded("the request could not finish within its deadline"))
@@ -388,5 +333,5 @@ class Batcher:
         self.scheduler.last_progress = time.monotonic()
         outcome = infer(self.model, batch)
         self.scheduler.last_progress = time.monotonic()
-        self.longest_pass_s = max(self.longest_pass_s, outcome.seconds)
+        self.forecast.observe_pass(outcome.seconds)
         return outcome

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from maskserve.config.settings import Settings
 from maskserve.serving.costs import Work
+from maskserve.serving.forecast import Forecast
 
 
 class Lane(Protocol):
@@ -40,13 +41,12 @@ class Lane(Protocol):
     @property
     def queued_work(self) -> Work: ...
 
-    def seconds_for(self, work: Work) -> float: ...
+    @property
+    def forecast(self) -> Forecast: ...
 
     def predicted_wait(self, extra: Work = ...) -> float: ...
 
     def fail_pending(self, error: Exception) -> int: ...
-
-    def stall_budget(self, floor: float) -> float: ...
 
     async def wait_for_company(self, loop: asyncio.AbstractEventLoop, alone: Callable[[], bool]) -> None: ...
 
@@ -109,7 +109,7 @@ class Scheduler:
         (the accounts stay level), so each adds the smaller of its own queued work and ``own_s``.
         """
         others = sum(
-            min(other.seconds_for(other.queued_work), own_s)
+            min(other.forecast.seconds_for(other.queued_work), own_s)
             for other in self.lanes
             if other is not lane and other.depth
         )
@@ -117,7 +117,7 @@ class Scheduler:
 
     def stall_budget(self, floor: float) -> float:
         """Seconds one batch may hold the thread before it counts as stuck: the largest of any model's."""
-        return max((lane.stall_budget(floor) for lane in self.lanes), default=floor)
+        return max((lane.forecast.stall_budget(floor) for lane in self.lanes), default=floor)
 
     @property
     def depth(self) -> int:

@@ -97,7 +97,7 @@ async def test_the_stall_budget_grows_with_the_longest_batch_the_limits_admit(ma
     for tokens in (100, 200, 400):
         seconds = 0.02 + tokens * 1e-4
         batcher.cost.observe(BatchReport(size=1, real_tokens=tokens, padded_tokens=tokens, seconds=seconds, failed=0))
-    assert batcher.stall_budget(0.05) == pytest.approx(4 * 0.12, rel=0.05)
+    assert batcher.forecast.stall_budget(0.05) == pytest.approx(4 * 0.12, rel=0.05)
     model.hold()
     try:
         busy = asyncio.create_task(client.post("/", data="a [MASK]"))

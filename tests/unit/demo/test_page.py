@@ -177,7 +177,7 @@ async def test_example_link_fills_the_box_without_running_the_model(make_client:
     assert page.textarea == "Hello [MASK] world"
     assert page.top_k_attrs["value"] == "7"
     assert page.words == []
-    assert default_parts(client).batcher.batches_run == 0
+    assert default_parts(client).batcher.scheduler.batches_run == 0
 
 
 async def test_form_submission_renders_the_api_predictions(make_client: ClientFactory) -> None:

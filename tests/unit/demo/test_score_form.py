@@ -77,7 +77,7 @@ async def test_empty_score_form_is_shown_inline(make_client: ClientFactory) -> N
     assert page.sentences_attrs["aria-invalid"] == "true"
     assert page.sentences == " \n  " and page.selected_metric == "within_word_l2r"
     assert page.error_hidden  # the fill-mask form's own error box stays empty
-    assert default_parts(client).batcher.batches_run == 0
+    assert default_parts(client).batcher.scheduler.batches_run == 0
 
 
 async def test_too_many_sentences_are_shown_inline(make_client: ClientFactory) -> None:
@@ -88,7 +88,7 @@ async def test_too_many_sentences_are_shown_inline(make_client: ClientFactory) -
     page = Page(await response.text())
     assert "The list of sentences holds more than 2 items" in page.score_error
     assert page.sentences == typed
-    assert default_parts(client).batcher.batches_run == 0
+    assert default_parts(client).batcher.scheduler.batches_run == 0
 
 
 async def test_a_sentence_over_the_score_token_limit_is_named_by_its_number(make_client: ClientFactory) -> None:

@@ -372,7 +372,7 @@ async def test_the_inference_thread_is_back_soon_after_a_deadline_passes_in_post
         started = loop.time()
         with pytest.raises(DeadlineExceeded):
             await batcher.answer(costly, later(whole / 8))
-        while batcher.busy:
+        while batcher.scheduler.in_flight is not None:
             await asyncio.sleep(0.005)
         freed = loop.time() - started
     finally:
@@ -410,12 +410,12 @@ def test_the_cost_model_fits_post_processing_apart_from_the_forward_pass() -> No
 async def test_warm_up_measures_both_costs_before_any_request() -> None:
     model = ControlledModel()
     async with running(model) as batcher:
-        assert batcher.stall_budget(1.0) == 1.0  # nothing measured: the floor
+        assert batcher.forecast.stall_budget(1.0) == 1.0  # nothing measured: the floor
         seconds = await batcher.warm_up(top_k=20)
         assert seconds >= 0 and batcher.cost.forward.measured and batcher.cost.post.measured
-        assert batcher.calibrated_longest_s > 0
+        assert batcher.forecast.calibrated_longest_s > 0
         # Its passes are nobody's: no listener but the cost model heard of them.
-        assert batcher.batches_run == 0
+        assert batcher.scheduler.batches_run == 0
     assert max(len(ids) for batch in model.batches for ids in batch) == EchoModel.max_tokens
 
 

@@ -156,7 +156,7 @@ async def test_the_predicted_wait_counts_the_other_models_fair_share() -> None:
     a = lanes.add("a", EchoModel(), max_queue=100)
     b = lanes.add("b", EchoModel(), max_queue=100)
     for lane in (a, b):  # one second a text, whatever the batch
-        lane.seconds_for = lambda work: float(work.texts)  # type: ignore[method-assign]
+        lane.forecast.seconds_for = lambda work: float(work.texts)  # type: ignore[method-assign]
     for _ in range(10):
         b.enqueue(text(), deadline())
     alone = Work(texts=2)
