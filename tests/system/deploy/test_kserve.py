@@ -19,7 +19,7 @@ from tests.system.deploy.manifests import KUBERNETES_VERSION, ROOT
 pytestmark = pytest.mark.deploy
 
 INFERENCE_SERVICE = ROOT / "deploy" / "kserve" / "inferenceservice.yaml"
-ROUTES = ROOT / "src" / "maskserve" / "routes.py"
+ROUTES = ROOT / "src" / "maskserve" / "http" / "routes.py"
 # The PredictorSpec's fields that are KServe's, not the PodSpec's (serving.kserve.io/v1beta1).
 KSERVE_PREDICTOR_FIELDS = {
     "minReplicas",
