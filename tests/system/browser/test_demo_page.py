@@ -241,7 +241,7 @@ def test_empty_scoring_form_shows_the_error_inline_and_the_next_sentence_clears_
     score(page, "   ")
     error = page.locator("#score-error")
     expect(error).to_be_visible()
-    expect(error).to_contain_text("no sentence to score")
+    expect(error).to_contain_text("The list of sentences must not be empty")
     expect(page.locator("#sentences")).to_have_attribute("aria-invalid", "true")
     expect(page.locator("#form-error")).to_be_hidden()
     score(page, SCORED[0])
