@@ -4,7 +4,7 @@ mkdocs loads this file as a hook (``hooks:`` in mkdocs.yml). A page asks for a g
 with a marker alone on its line, ``<!-- generated: NAME [ARGUMENT] -->``, which is replaced
 before the page is rendered:
 
-    settings              every setting, one table per --help group (settings.GROUPS)
+    settings              every setting, one table per --help group (flags.GROUPS)
     errors                every error_type, walked from the error tree (errors.py)
     layers                the layer table of the package docstring (maskserve/__init__.py)
     routes                every route of the route table (routes.ROUTES): method, path, what, who
@@ -68,7 +68,7 @@ def settings_tables() -> str:
     fields = {f.name: f for f in setting_fields()}
     grouped = [name for names in GROUPS.values() for name in names]
     if sorted(grouped) != sorted(fields):
-        raise ValueError(f"settings.GROUPS and the Settings fields differ: {sorted(set(grouped) ^ set(fields))}")
+        raise ValueError(f"flags.GROUPS and the Settings fields differ: {sorted(set(grouped) ^ set(fields))}")
     parts = []
     for title, names in GROUPS.items():
         rows = [

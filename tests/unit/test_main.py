@@ -60,6 +60,13 @@ def test_bad_setting_exits_2_naming_flag_and_value() -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_an_unknown_flag_exits_2_naming_it() -> None:
+    result = run_maskserve("--max-batch", "4")
+    assert result.returncode == 2
+    assert result.stderr.startswith("maskserve: ") and "--max-batch" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "named"),
     [

@@ -3,10 +3,11 @@ and the pairs of values start-up refuses, naming both."""
 
 from __future__ import annotations
 
+import click
 import pytest
 
 from maskserve.config.bounds import BOUNDS, contradictions, followed
-from maskserve.config.flags import build_parser, load_settings
+from maskserve.config.flags import build_command, load_settings
 from maskserve.config.settings import Settings, SettingsError
 
 # Both values written by the user: refused, naming both (and where each came from).
@@ -100,7 +101,7 @@ def test_the_defaults_agree_with_each_other_and_follow_nothing() -> None:
 
 
 def test_help_says_which_defaults_follow_which_limits() -> None:
-    helps = {action.dest: action.help or "" for action in build_parser()._actions}
+    helps = {option.name: option.help or "" for option in build_command().params if isinstance(option, click.Option)}
     assert helps["max_score_tokens"].endswith("default 256, or the smallest of --max-queue you set, if smaller]")
     assert (
         "or the largest of --max-inputs, --max-score-tokens, --max-word-copies you set, if larger]"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import maskserve
-from maskserve.config.flags import GROUPS, build_parser, load_settings
+from maskserve.config.flags import GROUPS, help_text, load_settings
 from maskserve.config.settings import Settings, SettingsError
 from tests.live_server import run_maskserve
 from tests.unit.config.test_settings import (
@@ -81,7 +81,7 @@ def test_torch_threads_is_the_older_name_of_threads_as_a_flag_and_a_variable() -
 
 
 def test_help_lists_every_flag_and_its_variable() -> None:
-    text = build_parser().format_help()
+    text = help_text()
     for name in FIELDS:
         assert flag(name) in text
         assert env(name) in text
@@ -90,9 +90,25 @@ def test_help_lists_every_flag_and_its_variable() -> None:
 def test_cli_help_lists_every_flag() -> None:
     result = run_maskserve("--help", timeout_s=60)
     assert result.returncode == 0, result.stderr
-    # argparse wraps long lines; flags stay whole.
+    # click wraps long lines; flags stay whole.
     for name in FIELDS:
         assert flag(name) in result.stdout
+
+
+def test_an_unknown_flag_a_missing_value_or_a_stray_argument_is_refused_naming_it() -> None:
+    with pytest.raises(SettingsError, match=r"No such option.*--max-batch"):
+        load_settings(["--max-batch", "4"], env={})  # no abbreviations: a flag is written whole
+    with pytest.raises(SettingsError, match=r"--port.* requires an argument"):
+        load_settings(["--port"], env={})
+    with pytest.raises(SettingsError, match=r"unexpected extra argument \(serve\)"):
+        load_settings(["serve"], env={})
+
+
+def test_a_variable_set_empty_is_read_and_checked_like_any_value() -> None:
+    with pytest.raises(SettingsError, match=r"^MASKSERVE_PORT: invalid value ''"):
+        load_settings([], env={"MASKSERVE_PORT": ""})
+    empty = load_settings([], env={"MASKSERVE_CORS_ORIGINS": ""})  # click alone would skip it
+    assert empty.given == {"cors_origins"} and empty.cors_origins == ""
 
 
 def test_the_traces_exporter_falls_back_to_opentelemetrys_own_variable() -> None:
