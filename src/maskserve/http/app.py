@@ -124,7 +124,7 @@ def inference_context(
             parts = ModelParts(loaded[served.name], batcher, Admission(batcher), tokenizer)
             served.parts = models[served.name] = parts
         task = asyncio.create_task(scheduler.run(), name="maskserve-batch-loop")
-        service.loaded = Loaded(models, scheduler, tokenizer, task)
+        service.loaded = Loaded(models, scheduler, task)
         for name, parts in models.items():
             service.metrics.attach(parts.batcher, parts.admission, name)
         service.metrics.watch_readiness(lambda: ready(service).ok)

@@ -93,7 +93,8 @@ class ModelParts:
     model: FillMaskModel
     batcher: Batcher
     admission: Admission
-    # The one tokenizer thread every model shares (Loaded.tokenizer): long plans and folds run there.
+    # One thread, every model's, that tokenizes long texts (so that it takes at most one core from
+    # the models): long plans and folds run there.
     tokenizer: Executor
 
 
@@ -105,8 +106,6 @@ class Loaded:
     models: dict[str, ModelParts]
     # The one inference thread's owner, which picks the model whose batch runs next.
     scheduler: Scheduler
-    # One thread that tokenizes long texts, so that it takes at most one core from the models.
-    tokenizer: Executor
     # The batch loop's task, so /livez can tell when it died.
     batch_loop: asyncio.Task[None]
 

@@ -110,10 +110,11 @@ async def test_stopping_the_app_stops_the_loop_and_tokenizer_but_not_a_thread_ha
     client: Client = await aiohttp_client(create_app(Settings(warmup=False), engine=EchoModel(), thread=thread))
     loaded = client.app[SERVICE_KEY].loaded
     assert loaded is not None and loaded.scheduler.executor is thread
+    tokenizer = client.app[SERVICE_KEY].default.loaded.tokenizer
     await client.close()
     assert loaded.batch_loop.done() and loaded.scheduler.closed
     with pytest.raises(RuntimeError):
-        loaded.tokenizer.submit(int)
+        tokenizer.submit(int)
     assert thread.submit(int, "7").result() == 7
 
 
