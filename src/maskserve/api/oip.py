@@ -32,7 +32,6 @@ from maskserve.api.oip_tensors import (
     InferRequestParser,
     infer_response,
 )
-from maskserve.config.settings import Settings
 from maskserve.errors import NotFound
 from maskserve.model_api import describe_model
 from maskserve.request.keys import service_of
@@ -98,12 +97,13 @@ async def model_metadata(request: web.Request) -> web.Response:
     return web.json_response(metadata)
 
 
-# One per served model's settings: the parser compiles its JSON schema once, not per request. The
-# settings are frozen, so equal settings share a parser; a handful of models fill it.
+# One per served model: the parser compiles its JSON schema once, not per request. Keyed by the
+# served model itself, whose hash is its identity (hashing its frozen settings, some forty fields,
+# would cost every request); a server's handful of models fills it.
 @functools.lru_cache(maxsize=64)
-def infer_parser(settings: Settings) -> InferRequestParser:
-    """The protocol's infer request parser, bound to one served model's limits."""
-    return InferRequestParser(settings)
+def infer_parser(served: ServedModel) -> InferRequestParser:
+    """The protocol's infer request parser, bound to ``served``'s limits."""
+    return InferRequestParser(served.settings)
 
 
 async def infer(request: web.Request) -> web.Response:
@@ -114,7 +114,7 @@ async def infer(request: web.Request) -> web.Response:
 
     async def read() -> FillMaskRequest:
         nonlocal envelope
-        envelope = infer_parser(served.settings).parse(await read_body(request), request.headers.get(HEADER_LENGTH))
+        envelope = infer_parser(served).parse(await read_body(request), request.headers.get(HEADER_LENGTH))
         return envelope.request
 
     ran = await run_task(request, served, served.fill_mask, read)
