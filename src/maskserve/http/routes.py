@@ -153,4 +153,4 @@ def setup_routes(app: web.Application, routes: Sequence[Route] = ROUTES) -> None
     """``routes`` on the app (the server's own table unless a caller adds to it), and what they say
     of themselves on the service."""
     app.add_routes(route_table(routes))
-    service_of(app).routes = ROUTE_ROLES if routes is ROUTES else route_roles(routes)
+    service_of(app).routes = route_roles(routes)

@@ -67,7 +67,7 @@ def test_every_route_of_the_table_is_registered_by_name_with_its_roles() -> None
     app = create_app(Settings(warmup=False), engine=EchoModel())
     names = {route.kwargs["name"] for route in route_table()}  # type: ignore[attr-defined]
     assert names and names <= set(app.router.named_resources())
-    assert app[SERVICE_KEY].routes is ROUTE_ROLES
+    assert app[SERVICE_KEY].routes == ROUTE_ROLES
 
 
 def test_the_templates_escape_and_refuse_missing_variables() -> None:
