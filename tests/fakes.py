@@ -45,6 +45,7 @@ class EchoModel:
     mask_token = "[MASK]"
     mask_token_id = 4
     max_tokens = 512
+    specials_around = (1, 1)
 
     def __init__(self, costs: Costs = Costs(), word: str = "echo") -> None:
         self.costs = costs
@@ -93,7 +94,7 @@ class EchoModel:
             # A target's id, so that a whole word's copies are answered for their own token.
             token = q.target_ids[0] if q.target_ids else sum(q.input_ids)
             prediction = Prediction(score=1.0, token=token, token_str=self.word, sequence=sequence)
-            masks = 1 if q.answer_position is not None else self.count_masks(q.input_ids)
+            masks = self.count_masks(q.input_ids) if q.answer_positions is None else len(q.answer_positions)
             answers.append([[prediction] for _ in range(masks)])
         return answers
 
@@ -107,6 +108,7 @@ class ControlledModel:
         self.mask_token = self.inner.mask_token
         self.mask_token_id = self.inner.mask_token_id
         self.max_tokens = self.inner.max_tokens
+        self.specials_around = self.inner.specials_around
         self.batches: list[list[tuple[int, ...]]] = []
         self.gate = threading.Event()
         self.gate.set()  # open: passes run freely until a test closes it

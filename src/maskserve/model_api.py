@@ -54,9 +54,10 @@ class Query:
     # How many mask tokens input_ids holds, as the parser counted them: with top_k and the
     # targets, it says how many predictions the text asks for, which is what its answer costs.
     n_masks: int = 1
-    # The one mask to answer, by its position in input_ids (a scoring copy masks a whole word's
-    # rest but reads one token); None answers every mask.
-    answer_position: int | None = None
+    # The masks to answer, by their positions in input_ids, in text order (a scoring copy masks a
+    # whole word's rest but reads one token; a window of a long text answers the masks it was cut
+    # for, and leaves the others in it as context); None answers every mask.
+    answer_positions: tuple[int, ...] | None = None
     # The server reads this answer itself and never sends it (a scoring copy): no ``sequence`` is
     # decoded (it stays empty) and no JSON is built, work that would be thrown away.
     read_by_server: bool = False
@@ -131,6 +132,9 @@ class FillMaskModel(Protocol):
     mask_token: str
     mask_token_id: int
     max_tokens: int
+    # How many special tokens the tokenizer puts before and after a text ([CLS] and [SEP]: 1, 1):
+    # a window of a long text keeps them around its own run of the text's tokens.
+    specials_around: tuple[int, int]
 
     def encode(self, text: str) -> tuple[int, ...]:
         """Token ids of ``text`` with special tokens."""
@@ -161,7 +165,7 @@ class FillMaskModel(Protocol):
 
     def predict(self, queries: Sequence[Query], progress: Progress | None = None) -> list[TextPredictions]:
         """One :data:`TextPredictions` per query, in order, from one forward pass (a query with
-        an ``answer_position`` gets that one mask's predictions).
+        ``answer_positions`` gets those masks' predictions alone).
 
         With ``progress``, the model reports the end of the forward pass and skips the rest of the
         work for any query no longer wanted (its answer is then an empty list).

@@ -65,7 +65,7 @@ def test_the_answer_json_is_the_unwrapped_answer() -> None:
 
 
 def test_a_copy_answered_for_its_own_target_gives_that_prediction() -> None:
-    copy = Query(input_ids=(101, 4, 102), top_k=1, target_ids=(7,), answer_position=1)
+    copy = Query(input_ids=(101, 4, 102), top_k=1, target_ids=(7,), answer_positions=(1,))
     assert copy_prediction(copy, [[prediction(7)]], "scoring") == prediction(7)
 
 

@@ -71,6 +71,7 @@ def limits_section(settings: Settings) -> Section:
     return {
         "max_body_bytes": settings.max_body_bytes,
         "max_text_chars": settings.max_text_chars,
+        "max_text_tokens": settings.max_text_tokens,
         "max_inputs": settings.max_inputs,
         "max_top_k": settings.max_top_k,
         "max_targets": settings.max_targets,

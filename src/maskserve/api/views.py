@@ -10,7 +10,7 @@ from aiohttp import web
 from maskserve.errors import ResponseTooLarge
 from maskserve.observability.metrics import merge_expositions
 from maskserve.request.keys import service_of
-from maskserve.request.run_task import read_body, request_media_type, run_task, served_model, timing_headers
+from maskserve.request.run_task import read_body, request_media_type, run_task, served_model, timing_headers, windows_header
 from maskserve.serving.work_queue import Answer
 from maskserve.tasks.fill_mask_request import FillMaskRequest, response_body
 from maskserve.tasks.score_request import ScoreRequest, score_response_body
@@ -26,7 +26,8 @@ def json_answer(limit: int, ran: Ran[FillMaskRequest, list[Answer]]) -> web.Resp
         # The parser's bound is an upper bound, so this is a bug; the limit holds regardless.
         log.error("an answer of %d bytes passed the bound of %d bytes; this is a bug", len(body), limit)
         raise ResponseTooLarge(f"the answer takes {len(body)} bytes, more than the limit of {limit}")
-    return web.Response(body=body, content_type="application/json", headers=timing_headers(ran.rows))
+    headers = timing_headers(ran.rows) | windows_header(ran.windows)
+    return web.Response(body=body, content_type="application/json", headers=headers)
 
 
 async def fill_mask(request: web.Request) -> web.Response:
@@ -51,9 +52,9 @@ async def score(request: web.Request) -> web.Response:
 
     ran = await run_task(request, served, served.score, read)
     return web.Response(
-        body=score_response_body(ran.request, ran.result),
+        body=score_response_body(ran.request, ran.result, ran.windows),
         content_type="application/json",
-        headers=timing_headers(ran.rows),
+        headers=timing_headers(ran.rows) | windows_header(ran.windows),
     )
 
 

@@ -68,6 +68,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "request_timeout",
         "max_body_bytes",
         "max_text_chars",
+        "max_text_tokens",
         "max_inputs",
         "max_top_k",
         "max_targets",

@@ -146,7 +146,18 @@ class Settings:
     )
     max_body_bytes: int = _setting(1_048_576, values.positive_int, "Largest request body; larger ones get 413.")
     max_text_chars: int = _setting(
-        10_000, values.positive_int, "Longest text in characters; tokens are also capped by the model's maximum."
+        32_768,
+        values.positive_int,
+        "Longest text in characters, checked before tokenizing: eight characters a token of --max-text-tokens "
+        "(English prose takes four or five), so that the token limit is what a long text meets.",
+    )
+    max_text_tokens: int = _setting(
+        4096,
+        values.positive_int,
+        "Longest text in tokens. A text longer than the model reads (512 tokens for BERT) is read in windows "
+        "of the model's length around the masks or scored tokens it asks about, each window a row of its "
+        "own, queued and batched like a text; the default is eight BERT lengths. A request may ask for a "
+        '422 instead of windows (parameters.long_text "refuse").',
     )
     max_inputs: int = _setting(64, values.positive_int, "Most texts in one JSON request.")
     max_top_k: int = _setting(100, values.positive_int, "Largest top_k a request may ask for.")

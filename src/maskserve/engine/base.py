@@ -65,14 +65,32 @@ def probe_texts(tokenizer: Any) -> list[tuple[int, ...]]:
     ]
 
 
+def specials_around(tokenizer: Any) -> tuple[int, int]:
+    """How many special tokens ``tokenizer`` puts before and after a text's own tokens."""
+    plain = dict(return_attention_mask=False, return_token_type_ids=False)
+    inner = tokenizer("hello", add_special_tokens=False, **plain)["input_ids"]
+    whole = tokenizer("hello", **plain)["input_ids"]
+    for before in range(len(whole) - len(inner) + 1):
+        if whole[before : before + len(inner)] == inner:
+            return before, len(whole) - len(inner) - before
+    raise ValueError("the tokenizer's special tokens change the text's own tokens; maskserve cannot window its texts")
+
+
 def answered_masks(queries: Sequence[Query], rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The mask positions ``(rows, cols)`` whose answers are read: a query with an
-    ``answer_position`` reads that one mask, so the head need not run at its other masks (a
-    scoring copy's rest of the word is context, not a question).
+    """The mask positions ``(rows, cols)`` whose answers are read: a query with
+    ``answer_positions`` reads those masks alone, so the head need not run at its other masks (a
+    scoring copy's rest of the word, a long text's masks that another window answers: context,
+    not questions).
     """
-    positions = np.array([-1 if q.answer_position is None else q.answer_position for q in queries], dtype=np.int64)
-    wanted = positions[rows]
-    keep = (wanted < 0) | (cols == wanted)
+    asked = [None if q.answer_positions is None else frozenset(q.answer_positions) for q in queries]
+    if all(positions is None for positions in asked):
+        return rows, cols
+    # A batch holds a few masks a text: a loop over them costs less than building index arrays.
+    keep = np.fromiter(
+        ((wanted := asked[row]) is None or col in wanted for row, col in zip(rows.tolist(), cols.tolist())),
+        dtype=bool,
+        count=len(rows),
+    )
     return (rows, cols) if keep.all() else (rows[keep], cols[keep])
 
 
@@ -108,6 +126,7 @@ class FillMaskEngine:
         self.mask_token_id: int = tokenizer.mask_token_id
         self.pad_token_id: int = tokenizer.pad_token_id
         self.max_tokens = max_tokens(config, tokenizer)
+        self.specials_around = specials_around(tokenizer)
         self._vocab: dict[str, int] = tokenizer.get_vocab()
         # A plain list: a request's bound is a sum over a few dozen ids, which numpy's per-call
         # overhead would cost more than.

@@ -57,5 +57,5 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
         state.model,
     )
     if state.answers:
-        metrics.observe_answers(state.answers, state.model)
+        metrics.observe_answers(state.answers, state.windows, state.model)
     return response

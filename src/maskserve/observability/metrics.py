@@ -43,6 +43,9 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+# Windows a text is read in: 1 for a text the model reads whole; a text at --max-text-tokens takes a few
+# (one per group of asked positions), a long text scored takes one per half window or so.
+WINDOW_BUCKETS = (1, 2, 3, 4, 6, 8, 16, 32, 64)
 
 # Every refusal reason admission counts, exported at 0 before the first one happens, so that
 # rate() and alerts see the series from the start.
@@ -101,6 +104,14 @@ class Metrics:
             "Share of each forward pass spent on padding: 1 - real tokens / padded tokens.",
             ["model"],
             buckets=RATIO_BUCKETS,
+            registry=registry,
+        )
+        self.text_windows = Histogram(
+            "maskserve_text_windows",
+            "Windows each answered text was read in, by model: 1 for a text the model reads whole, more "
+            "for a longer one (one per group of masks or scored tokens that share a window).",
+            ["model"],
+            buckets=WINDOW_BUCKETS,
             registry=registry,
         )
         self.busy_seconds = Counter(
@@ -172,11 +183,14 @@ class Metrics:
         if report.failed:
             self.failed_texts.labels(model=model).inc(report.failed)
 
-    def observe_answers(self, answers: Sequence[Answer], model: str) -> None:
-        """Queue waits of one request's answered texts."""
+    def observe_answers(self, answers: Sequence[Answer], windows: Sequence[int], model: str) -> None:
+        """Queue waits of one request's answered rows, and how many windows each of its texts took."""
         waits = self.queue_wait_seconds.labels(model=model)
         for answer in answers:
             waits.observe(answer.queued_s)
+        read = self.text_windows.labels(model=model)
+        for count in windows:
+            read.observe(count)
 
     def observe_request(self, route: str, status: int, kind: str, seconds: float, model: str = "") -> None:
         self.requests.labels(route=route, status=str(status), kind=kind, model=model).inc()

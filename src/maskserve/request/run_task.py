@@ -112,7 +112,8 @@ async def run_task(
         asked = await read()
         plan = await served.plan(task, asked)
     rows = await answer(request, plan.queries, served)
-    return Ran(asked, await served.fold(task, plan, rows), rows)
+    state_of(request).windows = plan.windows
+    return Ran(asked, await served.fold(task, plan, rows), rows, plan.windows)
 
 
 def timing_headers(answers: Sequence[Answer]) -> dict[str, str]:
@@ -123,6 +124,12 @@ def timing_headers(answers: Sequence[Answer]) -> dict[str, str]:
         "X-Inference-Time-Ms": f"{timing.inference_s * 1000:.2f}",
         "X-Batch-Size": str(timing.batch_size),
     }
+
+
+def windows_header(windows: Sequence[int]) -> dict[str, str]:
+    """How many windows each text was read in, in request order (1: read whole): a header, for
+    the answers whose JSON shape the clients fix (the Inference API's)."""
+    return {"X-Text-Windows": ", ".join(str(count) for count in windows)}
 
 
 def note_error(request: web.Request, error: MaskserveError) -> None:

@@ -39,5 +39,7 @@ class RequestState:
     model: str = ""
     # How each of its texts was served, for the queue-wait metric.
     answers: list[Answer] = field(default_factory=list)
+    # How many windows each of its texts was read in (1: read whole), for the windows metric.
+    windows: tuple[int, ...] = ()
     # Why its connection must close once its answer is written (body_timeout), if it must.
     close_after: str | None = None

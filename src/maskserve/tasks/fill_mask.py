@@ -1,5 +1,6 @@
-"""Fill-mask: each text is one query (every mask, its single-token targets); a whole-word target
-adds copies of the text (whole_words.py), whose answers fold back into the text's predictions."""
+"""Fill-mask: each text is one query (every mask, its single-token targets), or its windows when
+the model cannot read it whole (windows.py); a whole-word target adds copies of the text
+(whole_words.py). The rows' answers fold back into the text's predictions."""
 
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ class FillMaskPlan:
     def queries(self) -> tuple[Query, ...]:
         return tuple(query for text in self.texts for query in text.queries)
 
+    @property
+    def windows(self) -> tuple[int, ...]:
+        return tuple(text.windows for text in self.texts)
+
 
 class FillMask:
     """The fill-mask task of one served model: its answer is one :class:`Answer` per text, holding
@@ -39,25 +44,26 @@ class FillMask:
         return FillMaskPlan(tuple(self.parser.plans(request, model)))
 
     def decodes(self, plan: FillMaskPlan) -> int:
-        # Whole words decoded into the answers, times their texts' tokens; a text without whole
-        # words comes back from the inference thread answered and encoded already.
-        return sum(text.word_predictions * text.query.n_tokens for text in plan.texts if text.has_words)
+        # Whole words and windows' predictions decoded into the answers, times their texts' tokens;
+        # a text read whole without whole words comes back from the inference thread answered and
+        # encoded already.
+        return sum(text.decoded_predictions * text.query.n_tokens for text in plan.texts)
 
     def fold(self, plan: FillMaskPlan, answers: Sequence[Answer], model: FillMaskModel) -> list[Answer]:
-        if not any(text.has_words for text in plan.texts):
+        if not any(text.folds for text in plan.texts):
             return list(answers)  # one query per text, answered as the text
         return combined_answers(plan.texts, answers, model.fill_word)
 
 
 def combined_answers(plans: Sequence[TextPlan], answers: Sequence[Answer], fill: FillWord) -> list[Answer]:
     """Per text, its queries' answers as one: its predictions with the whole words scored and
-    decoded in, as JSON, served as its slowest query was."""
+    decoded in, its windows' answers put together, as JSON, served as its slowest query was."""
     per_text: list[Answer] = []
     start = 0
     for plan in plans:
         own = answers[start : start + len(plan.queries)]
         start += len(plan.queries)
-        if not plan.has_words:
+        if not plan.folds:
             per_text.append(own[0])
             continue
         predictions = text_predictions(plan, [a.predictions for a in own], fill)

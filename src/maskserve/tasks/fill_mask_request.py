@@ -4,9 +4,10 @@ Two request forms reach ``POST /``:
 - raw text: any body that is not JSON is the sentence itself (``curl -d`` sends it as
   ``application/x-www-form-urlencoded``, but it is never form-decoded);
 - the Hugging Face Inference API's JSON: ``{"inputs": str | [str], "parameters": {"top_k": int,
-  "targets": str | [str], "multi_token_targets": "whole_word" | "first_token"}}``; a target of
-  several tokens is a whole word (whole_words.py) unless ``first_token`` asks for the pipeline's
-  first token.
+  "targets": str | [str], "multi_token_targets": "whole_word" | "first_token", "long_text":
+  "window" | "refuse"}}``; a target of several tokens is a whole word (whole_words.py) unless
+  ``first_token`` asks for the pipeline's first token; a text longer than the model reads is read
+  in windows (windows.py) unless ``refuse`` asks for a 422.
 Everything is checked here, before anything is queued, so a bad input fails alone.
 """
 
@@ -31,6 +32,7 @@ from maskserve.tasks.request_checks import (
     check_inputs_count,
     check_text_length,
     check_token_count,
+    long_text_schema,
 )
 from maskserve.tasks.whole_words import (
     DEFAULT_MULTI_TOKEN_TARGETS,
@@ -41,6 +43,7 @@ from maskserve.tasks.whole_words import (
     plan_text,
     split_targets,
 )
+from maskserve.tasks.windows import DEFAULT_LONG_TEXT, Layout, LongText, fits
 
 # A whole word's "tokens" list in JSON: the key and brackets, then per id its digits and ", ",
 # each within this many bytes (ids run to a few hundred thousand).
@@ -59,6 +62,8 @@ class FillMaskRequest:
     location: str = "inputs"
     # A target of several tokens: the whole word (scored by the chain rule), or its first token.
     multi_token_targets: MultiTokenTargets = DEFAULT_MULTI_TOKEN_TARGETS
+    # A text longer than the model reads: windows, or a 422.
+    long_text: LongText = DEFAULT_LONG_TEXT
 
 
 def inputs_body_schema(settings: Settings, properties: dict[str, Any]) -> dict[str, Any]:
@@ -100,6 +105,7 @@ def request_schema(settings: Settings) -> dict[str, Any]:
                         "x-messages": {"oneOf": "parameters.targets must be a string or a non-empty list of strings"},
                     },
                     "multi_token_targets": multi_token_targets_schema(),
+                    "long_text": long_text_schema(),
                 },
             },
             # Older Inference API clients send {"options": {"wait_for_model": true}}; nothing to do.
@@ -131,12 +137,14 @@ class RequestParser(BodyParser[FillMaskRequest]):
         targets = parameters.get("targets")
         top_k = parameters.get("top_k")
         mode = parameters.get("multi_token_targets")
+        long_text = parameters.get("long_text")
         return FillMaskRequest(
             texts=(inputs,) if isinstance(inputs, str) else tuple(inputs),
             batched=not isinstance(inputs, str),
             top_k=self.settings.default_top_k if top_k is None else int(top_k),
             targets=None if targets is None else ((targets,) if isinstance(targets, str) else tuple(targets)),
             multi_token_targets=DEFAULT_MULTI_TOKEN_TARGETS if mode is None else mode,
+            long_text=DEFAULT_LONG_TEXT if long_text is None else long_text,
         )
 
     def check_before_schema(self, document: Any) -> None:
@@ -152,18 +160,25 @@ class RequestParser(BodyParser[FillMaskRequest]):
             )
 
     def plans(self, request: FillMaskRequest, model: FillMaskModel) -> list[TextPlan]:
-        """Tokenize and check every text; one :class:`TextPlan` per text (its query, and the
-        copies its whole-word targets take), or the first problem."""
+        """Tokenize and check every text; one :class:`TextPlan` per text (its query or its windows,
+        and the copies its whole-word targets take), or the first problem."""
         targets = self._targets(request, model)
         many = len(request.texts) > 1
+        layout = Layout(model.max_tokens, model.specials_around)
+        # A whole word of k tokens grows its text's copies by k - 1.
+        grows = max((len(word) - 1 for word in targets.words), default=0) if targets is not None else 0
         plans: list[TextPlan] = []
         for index, text in enumerate(request.texts):
             element = f"{request.location}[{index}]" if many else None
             query = self._query(text, element, request, None if targets is None else targets.single, model)
-            if targets is not None:
+            if targets is not None and request.long_text == "refuse":
                 self._check_word_lengths(query, targets, element or "the text", model)
-            plans.append(plan_text(query, targets, model.mask_token_id))
+            # Only a text read in windows needs its words (a window never cuts one): a second pass
+            # of the tokenizer, over long texts alone.
+            word_ids = None if fits(query.n_tokens + grows, layout) else model.encode_words(text)[1]
+            plans.append(plan_text(query, targets, model.mask_token_id, layout, word_ids))
         self._check_copies(plans)
+        self._check_queued(plans)
         self._check_answer_size(plans, model)
         return plans
 
@@ -178,13 +193,15 @@ class RequestParser(BodyParser[FillMaskRequest]):
         return targets
 
     def _check_word_lengths(self, query: Query, targets: Targets, where: str, model: FillMaskModel) -> None:
-        """A whole word of k tokens grows its text's copies by k - 1: they must fit the model too."""
+        """A whole word of k tokens grows its text's copies by k - 1: asked not to window, they must
+        fit the model too."""
         for name, word in zip(targets.names, targets.words):
             tokens = query.n_tokens + len(word) - 1
             if tokens > model.max_tokens:
                 raise TextTooLong(
                     f"the target {name[:40]!r} takes {len(word)} tokens: in place of a mask, {where} would have "
-                    f"{tokens} tokens; this model reads at most {model.max_tokens}",
+                    f"{tokens} tokens; this model reads at most {model.max_tokens}, and parameters.long_text "
+                    '"refuse" asks not to read it in windows',
                     field="parameters.targets",
                 )
 
@@ -201,14 +218,22 @@ class RequestParser(BodyParser[FillMaskRequest]):
                 f"token); the limit is {settings.max_word_copies} (--max-word-copies): {hint}",
                 field="parameters.targets",
             )
+
+    def _check_queued(self, plans: Sequence[TextPlan]) -> None:
+        """Refuse a request whose rows (texts, windows, whole-word copies) are more than the queue holds:
+        every row is a queued text, so it would be refused 503 forever."""
         queued = sum(len(plan.queries) for plan in plans)
-        if queued > settings.max_queue:
-            # Every copy is a queued text: more than the queue holds would be refused 503 forever.
-            raise InvalidInput(
-                f"this request queues {queued} texts with its whole-word copies; the queue holds "
-                f"{settings.max_queue} (--max-queue): {hint}",
-                field="parameters.targets",
-            )
+        if queued <= self.settings.max_queue:
+            return
+        copies = sum(len(plan.copies) for plan in plans)
+        windows = sum(len(plan.reads) for plan in plans)
+        parts = [f"{copies} whole-word copies"] if copies else []
+        parts += [f"{windows} windows of long texts"] if windows else []
+        raise InvalidInput(
+            f"this request queues {queued} texts ({', '.join(parts)}); the queue holds {self.settings.max_queue} "
+            "(--max-queue): send fewer or shorter texts, masks or multi-token targets",
+            field="parameters.targets" if copies else "inputs",
+        )
 
     def _check_answer_size(self, plans: Sequence[TextPlan], model: FillMaskModel) -> None:
         """Refuse, before any work, an answer too costly to make or too big to send.
@@ -271,7 +296,7 @@ class RequestParser(BodyParser[FillMaskRequest]):
                 f"{where} holds no mask token; put {model.mask_token} where a word should be filled in", field=field
             )
         input_ids = model.encode(text)
-        check_token_count(len(input_ids), where, field, model)
+        check_token_count(len(input_ids), where, field, model, self.settings.max_text_tokens, request.long_text)
         masks = model.count_masks(input_ids)
         if masks == 0:
             raise NoMaskToken(f"{where} holds no usable mask token; write {model.mask_token} exactly", field=field)

@@ -4,7 +4,9 @@ Each scored token (every token but the special ones) gets one copy of the text w
 (``original``), or with it and the rest of its word to its right masked (``within_word_l2r``).
 Each copy is an ordinary fill-mask :class:`~maskserve.model_api.Query` whose one target is the
 true token, so it is queued, priced and batched like any text; a copy's answer is the true token's
-probability, whose natural log is that token's score. Pure arithmetic: no model, no HTTP.
+probability, whose natural log is that token's score. A text longer than the model reads is
+copied window by window (windows.py): each scored token's copy is the window that holds it, with
+the token masked. Pure arithmetic: no model, no HTTP.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from typing import Literal, TypedDict
 
 from maskserve.model_api import Query, TextPredictions, Words, copy_prediction
+from maskserve.tasks.windows import Layout, fits, windows
 
 Metric = Literal["original", "within_word_l2r"]
 # The score of a token whose probability underflowed to zero, and the least a text's score can be:
@@ -55,27 +58,47 @@ def masked_positions(words: Words, position: int, metric: Metric) -> list[int]:
     return list(range(position, end))
 
 
-def masked_copies(words: Words, mask_token_id: int, metric: Metric) -> list[Query]:
-    """One query per scored token, in text order: the copy with its mask(s), asking for the true token."""
-    input_ids = words[0]
-    copies: list[Query] = []
-    for position in scored_positions(words):
-        masked = masked_positions(words, position, metric)
-        ids = list(input_ids)
-        for i in masked:
-            ids[i] = mask_token_id
-        copies.append(
-            Query(
-                input_ids=tuple(ids),
-                top_k=1,
-                target_ids=(input_ids[position],),
-                # One answer is read, whatever the number of masks: that is what the copy costs.
-                n_masks=1,
-                answer_position=position,
-                read_by_server=True,
-            )
-        )
-    return copies
+@dataclass(frozen=True)
+class ScoredText:
+    """A text's scoring copies, one per scored token in text order, and how many windows they read it in."""
+
+    copies: tuple[Query, ...]
+    windows: int = 1
+
+
+def masked_copies(words: Words, mask_token_id: int, metric: Metric, layout: Layout) -> ScoredText:
+    """One query per scored token, in text order: the copy with its mask(s), asking for the true
+    token; of the whole text when the model reads it whole, else of the window that holds the token."""
+    input_ids, word_ids = words
+    spans = [(position, masked_positions(words, position, metric)[-1]) for position in scored_positions(words)]
+    if fits(len(input_ids), layout):
+        return ScoredText(tuple(_copy(input_ids, mask_token_id, first, last) for first, last in spans))
+    # A word longer than half a window (never in real text) is masked as far as a window reaches.
+    reach = layout.inner - 2 * (layout.inner // 4)
+    spans = [(first, min(last, first + reach - 1)) for first, last in spans]
+    placed = windows(word_ids, spans, layout)
+    copies = tuple(
+        _copy(window.ids(input_ids, layout), mask_token_id, window.local(first, layout), window.local(last, layout))
+        for window in placed
+        for first, last in window.asked
+    )
+    return ScoredText(copies, len(placed))
+
+
+def _copy(input_ids: Sequence[int], mask_token_id: int, first: int, last: int) -> Query:
+    """The copy of ``input_ids`` with ``first`` to ``last`` masked, asking for the true token at ``first``."""
+    ids = list(input_ids)
+    target = ids[first]
+    ids[first : last + 1] = [mask_token_id] * (last + 1 - first)
+    return Query(
+        input_ids=tuple(ids),
+        top_k=1,
+        target_ids=(target,),
+        # One answer is read, whatever the number of masks: that is what the copy costs.
+        n_masks=1,
+        answer_positions=(first,),
+        read_by_server=True,
+    )
 
 
 def text_score(copies: Sequence[Query], answers: Sequence[TextPredictions]) -> TextScore:

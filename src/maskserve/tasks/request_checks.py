@@ -13,6 +13,7 @@ import jsonschema
 from maskserve.config.settings import Settings
 from maskserve.errors import InvalidBody, InvalidInput, TextTooLong
 from maskserve.model_api import FillMaskModel
+from maskserve.tasks.windows import LONG_TEXTS, LongText
 
 # The content types read as a JSON body; any other body is the raw text.
 JSON_CONTENT_TYPES = frozenset({"application/json"})
@@ -142,9 +143,29 @@ def check_text_length(text: str, where: str, field: str, max_chars: int) -> None
         raise TextTooLong(f"{where} has {len(text)} characters; the limit is {max_chars}", field=field)
 
 
-def check_token_count(tokens: int, where: str, field: str, model: FillMaskModel) -> None:
-    if tokens > model.max_tokens:
-        raise TextTooLong(f"{where} has {tokens} tokens; this model reads at most {model.max_tokens}", field=field)
+def long_text_schema() -> dict[str, Any]:
+    """What a text longer than the model reads gets: the one schema every text route uses."""
+    return {
+        "enum": [*LONG_TEXTS, None],
+        "x-messages": {"enum": f"parameters.long_text must be one of {', '.join(LONG_TEXTS)}"},
+    }
+
+
+def check_token_count(
+    tokens: int, where: str, field: str, model: FillMaskModel, max_text_tokens: int, long_text: LongText
+) -> None:
+    """Refuse a text over ``--max-text-tokens``, or longer than the model reads when the request
+    asked for the model's reading of the whole text (``long_text: refuse``) rather than windows."""
+    if tokens > max_text_tokens:
+        raise TextTooLong(
+            f"{where} has {tokens} tokens; the limit is {max_text_tokens} (--max-text-tokens)", field=field
+        )
+    if tokens > model.max_tokens and long_text == "refuse":
+        raise TextTooLong(
+            f"{where} has {tokens} tokens; this model reads at most {model.max_tokens}, and parameters.long_text "
+            '"refuse" asks not to read it in windows',
+            field=field,
+        )
 
 
 RequestT = TypeVar("RequestT")

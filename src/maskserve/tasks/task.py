@@ -18,6 +18,11 @@ class Plan(Protocol):
         """Every row the request queues, in the order its answers come back."""
         ...
 
+    @property
+    def windows(self) -> tuple[int, ...]:
+        """How many windows each text is read in, in request order (1: read whole)."""
+        ...
+
 
 AskT = TypeVar("AskT", contravariant=True)
 PlanT = TypeVar("PlanT", bound=Plan)
@@ -53,9 +58,11 @@ class Task(Protocol[AskT, PlanT, ResultT]):
 
 @dataclass(frozen=True)
 class Ran(Generic[RequestT, AnswerT]):
-    """A task run for a request: the request as its surface read it, the task's answer, and every
-    row's answer (how each was served: the timing headers, the metrics, the traces)."""
+    """A task run for a request: the request as its surface read it, the task's answer, every
+    row's answer (how each was served: the timing headers, the metrics, the traces), and how many
+    windows each text was read in."""
 
     request: RequestT
     result: AnswerT
     rows: list[Answer]
+    windows: tuple[int, ...] = ()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from maskserve.model_api import Prediction, Query, TextPredictions, copy_prediction
+from maskserve.tasks.windows import Layout, Window, fits, windows
 
 # "first_token" is the pipeline's own behaviour: a target stands for its first token.
 MultiTokenTargets = Literal["whole_word", "first_token"]
@@ -74,7 +75,7 @@ def word_copies(input_ids: Sequence[int], mask_token_id: int, position: int, wor
             target_ids=(token,),
             # One answer is read, whatever the number of masks: that is what the copy costs.
             n_masks=1,
-            answer_position=position + i,
+            answer_positions=(position + i,),
             # Only its probability is read, here: no sequence to decode, no JSON to build.
             read_by_server=True,
         )
@@ -84,19 +85,29 @@ def word_copies(input_ids: Sequence[int], mask_token_id: int, position: int, wor
 
 @dataclass(frozen=True)
 class TextPlan:
-    """One text's work: its own query, and each mask's whole words as copies of it."""
+    """One text's work: its own query (read whole, or in windows when too long), and each mask's
+    whole words as copies of it (or of its window)."""
 
     # The text's own query: every mask, its single-token targets (or none: no targets at all).
     query: Query
+    # The windows the own query is read in when the model cannot read the text whole; () when it can.
+    reads: tuple[Query, ...] = ()
     words: tuple[tuple[int, ...], ...] = ()
     # Each mask's position in the text, in text order.
     positions: tuple[int, ...] = ()
     # Mask by mask, word by word, token by token.
     copies: tuple[Query, ...] = ()
+    # How many distinct windows the text is read in, its own and its copies' (1: read whole).
+    windows: int = 1
 
     @property
     def has_words(self) -> bool:
         return bool(self.words)
+
+    @property
+    def folds(self) -> bool:
+        """Whether its rows' answers are combined into the text's: whole words, or windows."""
+        return self.has_words or bool(self.reads)
 
     @property
     def asks_own(self) -> bool:
@@ -104,15 +115,27 @@ class TextPlan:
         return not self.has_words or bool(self.query.target_ids)
 
     @property
+    def own_queries(self) -> tuple[Query, ...]:
+        """The rows the text's own query is: itself, or its windows."""
+        return self.reads or (self.query,)
+
+    @property
     def queries(self) -> tuple[Query, ...]:
-        """What this text queues, its own query first."""
-        return ((self.query,) if self.asks_own else ()) + self.copies
+        """What this text queues, its own rows first."""
+        return (self.own_queries if self.asks_own else ()) + self.copies
 
     @property
     def word_predictions(self) -> int:
         """Whole-word candidates this text's answer may hold: per mask, all its words (the cut to
         top_k comes after scoring)."""
         return len(self.positions) * len(self.words)
+
+    @property
+    def decoded_predictions(self) -> int:
+        """Predictions whose ``sequence`` the fold decodes, each the whole text again: the words,
+        and a windowed text's own predictions (a window decodes itself, not the text)."""
+        own = self.query.predictions if self.reads and self.asks_own else 0
+        return own + self.word_predictions
 
     @property
     def answer_predictions(self) -> int:
@@ -123,18 +146,77 @@ class TextPlan:
         return len(self.positions) * min(self.query.top_k, single + len(self.words))
 
 
-def plan_text(query: Query, targets: Targets | None, mask_token_id: int) -> TextPlan:
-    """A text's plan: its query alone, or with the copies that score each whole word on each mask."""
-    if targets is None or not targets.words:
-        return TextPlan(query)
+def plan_text(
+    query: Query,
+    targets: Targets | None,
+    mask_token_id: int,
+    layout: Layout,
+    word_ids: Sequence[int | None] | None = None,
+) -> TextPlan:
+    """A text's plan: its query alone, or with the copies that score each whole word on each mask;
+    each read in windows where the model cannot read it whole (``word_ids``, the text's words,
+    must be given then)."""
+    words = () if targets is None else targets.words
+    if fits(query.n_tokens + max((len(word) - 1 for word in words), default=0), layout):
+        if not words:
+            return TextPlan(query)
+        return TextPlan(query, (), words, *_whole_copies(query.input_ids, mask_token_id, words))
+    if word_ids is None:
+        raise ValueError("a text longer than the model reads is planned without its words; this is a bug")
     positions = tuple(i for i, token in enumerate(query.input_ids) if token == mask_token_id)
+    spans = [(position, position) for position in positions]
+    cut: set[tuple[int, int]] = set()
+    reads: tuple[Query, ...] = ()
+    if not fits(query.n_tokens, layout):
+        own = windows(word_ids, spans, layout)
+        cut.update((w.start, w.end) for w in own)
+        reads = tuple(_window_query(query, window, layout) for window in own)
+    copies: list[Query] = []
+    # Each mask's window, per length of word: a word of k tokens grows its copies by k - 1.
+    by_length: dict[int, dict[int, tuple[Window, Layout]]] = {}
+    for length in sorted({len(word) for word in words}):
+        narrow = layout.narrower(length - 1)
+        placed = windows(word_ids, spans, narrow) if not fits(query.n_tokens + length - 1, layout) else []
+        by_length[length] = {span[0]: (window, narrow) for window in placed for span in window.asked}
+        cut.update((w.start, w.end) for w in placed)
+    for position in positions:
+        for word in words:
+            own_window = by_length[len(word)].get(position)
+            if own_window is None:
+                copies.extend(word_copies(query.input_ids, mask_token_id, position, word))
+                continue
+            window, narrow = own_window
+            ids = window.ids(query.input_ids, narrow)
+            copies.extend(word_copies(ids, mask_token_id, window.local(position, narrow), word))
+    return TextPlan(query, reads, words, positions, tuple(copies), windows=max(1, len(cut)))
+
+
+def _whole_copies(
+    input_ids: Sequence[int], mask_token_id: int, words: Sequence[tuple[int, ...]]
+) -> tuple[tuple[int, ...], tuple[Query, ...]]:
+    """Each mask's position, and the copies of the whole text that score each word on it."""
+    positions = tuple(i for i, token in enumerate(input_ids) if token == mask_token_id)
     copies = tuple(
         copy
         for position in positions
-        for word in targets.words
-        for copy in word_copies(query.input_ids, mask_token_id, position, word)
+        for word in words
+        for copy in word_copies(input_ids, mask_token_id, position, word)
     )
-    return TextPlan(query, targets.words, positions, copies)
+    return positions, copies
+
+
+def _window_query(query: Query, window: Window, layout: Layout) -> Query:
+    """The text's own query, cut to ``window``: it answers the masks the window was cut for, and
+    reads the others in it as context. Its predictions' ``sequence`` is the whole text's, decoded
+    by the fold, so the window decodes none."""
+    return Query(
+        input_ids=window.ids(query.input_ids, layout),
+        top_k=query.top_k,
+        target_ids=query.target_ids,
+        n_masks=len(window.asked),
+        answer_positions=tuple(window.local(span[0], layout) for span in window.asked),
+        read_by_server=True,
+    )
 
 
 def word_score(copies: Sequence[Query], answers: Sequence[TextPredictions]) -> float:
@@ -149,20 +231,27 @@ def text_predictions(plan: TextPlan, answers: Sequence[TextPredictions], fill: F
     """The text's answer from its queries' (:attr:`TextPlan.queries`, in order): per mask, its
     single-token candidates and its whole words by score, top_k kept.
 
-    Only the words kept are decoded (``fill``). Ties keep single tokens first, then words in the
-    order the request named them.
+    A windowed text's masks are answered window by window, in text order; their ``sequence`` is
+    the whole text's. Only the words kept are decoded (``fill``). Ties keep single tokens first,
+    then words in the order the request named them.
     """
     if len(answers) != len(plan.queries):
         raise RuntimeError(f"{len(answers)} answers for a text of {len(plan.queries)} queries; this is a bug")
-    if not plan.has_words:
+    if not plan.folds:
         return answers[0]
-    own = answers[0] if plan.asks_own else [[] for _ in plan.positions]
-    copy_answers = answers[1:] if plan.asks_own else answers
-    if len(own) != len(plan.positions):
-        raise RuntimeError(f"a text of {len(plan.positions)} masks was answered {len(own)}; this is a bug")
+    rows = len(plan.own_queries) if plan.asks_own else 0
+    positions = plan.positions
+    own = [mask for answer in answers[:rows] for mask in answer] if rows else [[] for _ in positions]
+    copy_answers = answers[rows:]
+    if len(own) != len(positions):
+        raise RuntimeError(f"a text of {len(positions)} masks was answered {len(own)}; this is a bug")
+    if plan.reads:
+        own = [[_whole_sequence(p, plan, position, fill) for p in mask] for mask, position in zip(own, positions)]
+    if not plan.has_words:
+        return own
     result: TextPredictions = []
     start = 0
-    for mask, position in enumerate(plan.positions):
+    for mask, position in enumerate(positions):
         scored: list[tuple[float, Prediction | tuple[int, ...]]] = [(p["score"], p) for p in own[mask]]
         for word in plan.words:
             end = start + len(word)
@@ -179,3 +268,10 @@ def text_predictions(plan: TextPlan, answers: Sequence[TextPredictions], fill: F
             predictions.append(candidate)
         result.append(predictions)
     return result
+
+
+def _whole_sequence(prediction: Prediction, plan: TextPlan, position: int, fill: FillWord) -> Prediction:
+    """A window's prediction with the whole text's ``sequence``, as if the text were read whole."""
+    filled = prediction.copy()
+    filled["sequence"] = fill(plan.query.input_ids, position, (prediction["token"],))[1]
+    return filled

@@ -95,7 +95,7 @@ def test_the_head_runs_only_at_a_querys_answer_position(engine_of: EngineOf, mon
         return compute(input_ids, attention_mask, rows, cols)
 
     monkeypatch.setattr(bert_engine, "_mask_logits", recording)
-    every, one = bert_engine.predict([Query(ids, top_k=2), Query(ids, top_k=2, answer_position=3)])
+    every, one = bert_engine.predict([Query(ids, top_k=2), Query(ids, top_k=2, answer_positions=(3,))])
     # The second text's masks at 2 and 4 are context: no logits are computed there.
     assert asked == [[(0, 2), (0, 3), (0, 4), (1, 3)]]
     assert len(every) == 3 and len(one) == 1

@@ -102,7 +102,7 @@ def test_original_masks_one_token_per_copy_and_skips_special_tokens() -> None:
     words = ((101, 7, 8, 9, 102), (None, 0, 1, 1, None))
     copies = masked_copies(words, 4, "original")
     assert [c.input_ids for c in copies] == [(101, 4, 8, 9, 102), (101, 7, 4, 9, 102), (101, 7, 8, 4, 102)]
-    assert [(c.target_ids, c.answer_position) for c in copies] == [((7,), 1), ((8,), 2), ((9,), 3)]
+    assert [(c.target_ids, c.answer_positions) for c in copies] == [((7,), 1), ((8,), 2), ((9,), 3)]
     # The server reads each answer itself: no sequence is decoded, no JSON built.
     assert all(c.read_by_server for c in copies)
 

@@ -93,7 +93,7 @@ def test_copies_are_one_masked_copy_per_scored_token_per_text() -> None:
     assert [len(copies) for copies in per_text] == [3, 1]
     for copies in per_text:
         for position, copy in enumerate(copies, start=1):
-            assert copy.input_ids[position] == model.mask_token_id and copy.answer_position == position
+            assert copy.input_ids[position] == model.mask_token_id and copy.answer_positions == (position,)
 
 
 @pytest.mark.parametrize(

@@ -127,7 +127,7 @@ def test_copy_i_puts_in_the_first_tokens_masks_the_rest_and_reads_its_own_row() 
         (1, 20, 7, 4, 4, 21, 4, 2),
         (1, 20, 7, 8, 4, 21, 4, 2),
     ]
-    assert [(c.target_ids, c.answer_position, c.top_k, c.predictions) for c in copies] == [
+    assert [(c.target_ids, c.answer_positions, c.top_k, c.predictions) for c in copies] == [
         ((7,), 2, 1, 1),
         ((8,), 3, 1, 1),
         ((9,), 4, 1, 1),
@@ -138,11 +138,11 @@ def test_a_plan_holds_copies_mask_by_mask_word_by_word_and_skips_an_empty_own_qu
     text = (1, 4, 20, 4, 2)
     mixed = plan_text(Query(text, top_k=5, target_ids=(7,), n_masks=2), Targets((7,), ((5, 6), (8, 9, 10))), 4)
     assert mixed.positions == (1, 3)
-    assert [c.answer_position for c in mixed.copies] == [1, 2, 1, 2, 3, 3, 4, 3, 4, 5]
+    assert [c.answer_positions[0] for c in mixed.copies if c.answer_positions] == [1, 2, 1, 2, 3, 3, 4, 3, 4, 5]
     assert mixed.queries[0].input_ids == text and len(mixed.queries) == 11
     assert mixed.answer_predictions == 2 * 3 and mixed.word_predictions == 2 * 2
     words_only = plan_text(Query(text, top_k=5, target_ids=(), n_masks=2), Targets((), ((5, 6),)), 4)
-    assert len(words_only.queries) == 4 and all(q.answer_position is not None for q in words_only.queries)
+    assert len(words_only.queries) == 4 and all(q.answer_positions is not None for q in words_only.queries)
     plain = plan_text(Query(text, top_k=5, n_masks=2), None, 4)
     assert plain.queries == (plain.query,) and not plain.has_words
 
