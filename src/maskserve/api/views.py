@@ -10,7 +10,14 @@ from aiohttp import web
 from maskserve.errors import ResponseTooLarge
 from maskserve.observability.metrics import merge_expositions
 from maskserve.request.keys import service_of
-from maskserve.request.run_task import read_body, request_media_type, run_task, served_model, timing_headers, windows_header
+from maskserve.request.run_task import (
+    read_body,
+    request_media_type,
+    run_task,
+    served_model,
+    timing_headers,
+    windows_header,
+)
 from maskserve.serving.work_queue import Answer
 from maskserve.tasks.fill_mask_request import FillMaskRequest, response_body
 from maskserve.tasks.score_request import ScoreRequest, score_response_body

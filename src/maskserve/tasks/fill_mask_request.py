@@ -164,7 +164,7 @@ class RequestParser(BodyParser[FillMaskRequest]):
         and the copies its whole-word targets take), or the first problem."""
         targets = self._targets(request, model)
         many = len(request.texts) > 1
-        layout = Layout(model.max_tokens, model.specials_around)
+        layout = Layout.of(model)
         # A whole word of k tokens grows its text's copies by k - 1.
         grows = max((len(word) - 1 for word in targets.words), default=0) if targets is not None else 0
         plans: list[TextPlan] = []

@@ -16,7 +16,7 @@ from typing import Any
 
 from maskserve.config.settings import Settings
 from maskserve.errors import InvalidInput, TextTooLong
-from maskserve.model_api import FillMaskModel, Query
+from maskserve.model_api import FillMaskModel
 from maskserve.tasks.fill_mask_request import inputs_body_schema
 from maskserve.tasks.pseudo_likelihood import METRICS, Metric, ScoredText, TextScore, masked_copies
 from maskserve.tasks.request_checks import (
@@ -88,9 +88,7 @@ class ScoreRequestParser(BodyParser[ScoreRequest]):
             long_text=DEFAULT_LONG_TEXT if long_text is None else long_text,
         )
 
-    def copies(
-        self, request: ScoreRequest, model: FillMaskModel, element: str = "inputs[{index}]"
-    ) -> list[ScoredText]:
+    def copies(self, request: ScoreRequest, model: FillMaskModel, element: str = "inputs[{index}]") -> list[ScoredText]:
         """Tokenize and check every text: per text, its masked copies, or the first problem.
 
         ``element`` names a text of several in the errors (``{index}`` from 0, ``{number}`` from 1):
@@ -118,7 +116,7 @@ class ScoreRequestParser(BodyParser[ScoreRequest]):
         check_text_length(text, where, field, self.settings.max_text_chars)
         words = model.encode_words(text)
         check_token_count(len(words[0]), where, field, model, self.settings.max_text_tokens, request.long_text)
-        scored = masked_copies(words, model.mask_token_id, request.metric, Layout(model.max_tokens, model.specials_around))
+        scored = masked_copies(words, model.mask_token_id, request.metric, Layout.of(model))
         copies = scored.copies
         if len(copies) > self.settings.max_score_tokens:
             raise TextTooLong(

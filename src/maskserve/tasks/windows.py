@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from maskserve.model_api import FillMaskModel
+
 # What a request asks for a text longer than the model reads: windows, or a 422 (for a user who
 # needs the model's reading of the whole text, not of windows of it).
 LongText = Literal["window", "refuse"]
@@ -39,6 +41,10 @@ class Layout:
     def inner(self) -> int:
         """How many of the text's own tokens one window holds."""
         return self.length - sum(self.around)
+
+    @classmethod
+    def of(cls, model: FillMaskModel) -> Layout:
+        return cls(model.max_tokens, model.specials_around)
 
     def narrower(self, tokens: int) -> Layout:
         """The layout of a window that grows by ``tokens`` once read (a whole word's copy puts
