@@ -43,6 +43,7 @@ from maskserve.engine import BackendUnavailable, FillMaskEngine, load_engine
 from maskserve.engine.cpu import cpu_flags, describe_features, int8_in_effect, isa_cap_in_effect, precision_in_effect
 from maskserve.model_api import ModelSpec, Query, TextPredictions
 from maskserve.tasks.pseudo_likelihood import TextScore, masked_copies, text_scores
+from maskserve.tasks.windows import Layout
 
 from . import offline
 from .masked_sentences import SENTENCES, masked_texts
@@ -164,7 +165,10 @@ class ScoreAgreement:
 
 def engine_scores(engine: FillMaskEngine, texts: Sequence[str]) -> list[TextScore]:
     """Each text's score as ``POST /score`` computes it (metric ``original``), in batches of copies."""
-    per_text = [masked_copies(engine.encode_words(text), engine.mask_token_id, "original") for text in texts]
+    layout = Layout.of(engine)
+    per_text = [
+        masked_copies(engine.encode_words(text), engine.mask_token_id, "original", layout).copies for text in texts
+    ]
     copies = [copy for text_copies in per_text for copy in text_copies]
     answers: list[TextPredictions] = []
     for start in range(0, len(copies), BATCH):

@@ -166,7 +166,9 @@ class NoMaskToken(InvalidInput):
 
 
 class TextTooLong(InvalidInput):
-    """A text is longer than ``--max-text-chars`` or than the model's token limit."""
+    """A text is longer than ``--max-text-chars`` or ``--max-text-tokens``, has more tokens to score than
+    ``--max-score-tokens``, or is longer than the model reads when the request asked not to read it in
+    windows (``parameters.long_text: "refuse"``)."""
 
     kind = "text_too_long"
 

@@ -312,11 +312,12 @@ def test_the_score_report_s_multiply_adds_are_what_each_side_computes(bert_engin
     """The work line of benchmarks/score.py: its formula against the products torch actually runs."""
     from benchmarks.score import multiply_adds
     from maskserve.tasks.pseudo_likelihood import masked_copies
+    from maskserve.tasks.windows import Layout
 
     assert bert_engine.describe()["read_rows_last_layer"] == "yes"
     encoded = bert_engine.tokenizer("the quick brown fox jumps over the lazy dog")
     words = (tuple(encoded["input_ids"]), encoded.word_ids())
-    copies = masked_copies(words, bert_engine.mask_token_id, "original")
+    copies = masked_copies(words, bert_engine.mask_token_id, "original", Layout.of(bert_engine)).copies
     minicons, maskserve = multiply_adds(bert_engine.model.config, [len(words[0])], attention=False)
     with torch.inference_mode():
         with FlopCounterMode(display=False) as served:

@@ -38,10 +38,17 @@ async def test_a_text_over_max_text_chars_is_422_text_too_long(make_client: Clie
     assert "the limit is 50" in error["error"]
 
 
-async def test_a_text_over_the_models_token_limit_is_422_text_too_long(make_client: ClientFactory) -> None:
-    client = await make_client()  # tiny BERT: its own max_tokens, well under max_text_chars
+async def test_a_text_over_max_text_tokens_is_422_naming_both_numbers(make_client: ClientFactory) -> None:
+    client = await make_client(max_text_tokens=1000)  # tiny BERT: 128 tokens, windows up to 1000
     error = await error_of(await client.post("/", data="[MASK] " + "word " * 1500), 422)
-    assert error["error_type"] == "text_too_long" and "tokens" in error["error"]
+    assert error["error_type"] == "text_too_long"
+    assert "1503 tokens; the limit is 1000 (--max-text-tokens)" in error["error"]
+    # Under the limit, a text longer than the model is read in windows; asked not to, it is refused.
+    answered = await client.post("/", data="[MASK] " + "word " * 900)
+    assert answered.status == 200 and answered.headers["X-Text-Windows"] == "1"
+    refused = {"inputs": "[MASK] " + "word " * 900, "parameters": {"long_text": "refuse"}}
+    error = await error_of(await client.post("/", json=refused), 422)
+    assert error["error_type"] == "text_too_long" and "reads at most 128" in error["error"]
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,7 @@ from maskserve.api.oip_tensors import (
 from maskserve.errors import NotFound
 from maskserve.model_api import describe_model
 from maskserve.request.keys import service_of
-from maskserve.request.run_task import read_body, run_task, served_model, timing_headers
+from maskserve.request.run_task import read_body, run_task, served_model, timing_headers, windows_header
 from maskserve.service.registry import ServedModel
 from maskserve.tasks.fill_mask_request import FillMaskRequest
 
@@ -120,4 +120,4 @@ async def infer(request: web.Request) -> web.Response:
     ran = await run_task(request, served, served.fill_mask, read)
     assert envelope is not None  # read() ran, or run_task raised
     payload, headers = infer_response(served.name, envelope, [a.json for a in ran.result], version=version)
-    return web.Response(body=payload, headers={**headers, **timing_headers(ran.rows)})
+    return web.Response(body=payload, headers={**headers, **timing_headers(ran.rows), **windows_header(ran.windows)})

@@ -5,7 +5,7 @@ one BYTES output, ``predictions``, of the same shape: per text, the JSON that ``
 for that text alone (as MLServer's Hugging Face runtime does). ``top_k`` and ``targets`` are
 request ``parameters``; the protocol's parameter values are scalars, so ``targets`` is a string,
 comma-separated for several words (a JSON list is accepted too). ``multi_token_targets`` is as
-for ``POST /``.
+for ``POST /``, and so is ``long_text`` (windows, or a 422, for a text longer than the model reads).
 
 Tensor data comes as JSON (the protocol's required form) or in Triton's binary tensor data
 extension, which ``tritonclient`` uses by default: the body is the JSON header
@@ -28,7 +28,7 @@ import jsonschema
 from maskserve.config.settings import Settings
 from maskserve.errors import InvalidBody, InvalidInput
 from maskserve.tasks.fill_mask_request import FillMaskRequest, multi_token_targets_schema
-from maskserve.tasks.request_checks import load_json, schema_error
+from maskserve.tasks.request_checks import load_json, long_text_schema, schema_error
 
 INPUT_NAME = "text"
 OUTPUT_NAME = "predictions"
@@ -60,6 +60,7 @@ def infer_request_schema(settings: Settings) -> dict[str, Any]:
                         },
                     },
                     "multi_token_targets": multi_token_targets_schema(),
+                    "long_text": long_text_schema(),
                     "binary_data_output": {"type": "boolean"},
                 },
             },
@@ -168,6 +169,7 @@ class InferRequestParser:
         )
         top_k = parameters.get("top_k")
         mode = parameters.get("multi_token_targets")
+        long_text = parameters.get("long_text")
         return InferRequest(
             request=FillMaskRequest(
                 texts=tuple(texts),
@@ -176,6 +178,7 @@ class InferRequestParser:
                 top_k=self.settings.default_top_k if top_k is None else int(top_k),
                 targets=self._targets(parameters.get("targets")),
                 **({} if mode is None else {"multi_token_targets": mode}),
+                **({} if long_text is None else {"long_text": long_text}),
             ),
             id=document.get("id"),
             binary_output=binary_output,

@@ -71,10 +71,15 @@ def component_schemas(settings: Settings) -> dict[str, Schema]:
         "TextScore": {
             "description": "A text's pseudo-log-likelihood; `tokens` (when asked for) each scored token's.",
             "type": "object",
-            "required": ["score"],
+            "required": ["score", "windows"],
             "additionalProperties": False,
             "properties": {
                 "score": {"type": "number", "maximum": 0},
+                "windows": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "Windows the text was read in: 1 when the model reads it whole.",
+                },
                 "tokens": {
                     "type": "array",
                     "items": {
@@ -240,6 +245,18 @@ def ok(description: str, content_type: str, schema: Schema, **headers: Schema) -
         "description": description,
         "headers": {REQUEST_ID_HEADER: REQUEST_ID, **headers},
         "content": {content_type: {"schema": schema}},
+    }
+
+
+def windows_header() -> dict[str, Schema]:
+    return {
+        "X-Text-Windows": header(
+            "How many windows each text was read in, in request order, comma-separated: 1 for a text the model "
+            "reads whole; a longer one is read in windows of the model's length around its masks (or scored "
+            "tokens), those close together sharing one.",
+            {"type": "string", "pattern": "^[1-9][0-9]*(, [1-9][0-9]*)*$"},
+            required=True,
+        )
     }
 
 

@@ -15,6 +15,7 @@ from maskserve.api.openapi_components import (
     ref,
     retry_after,
     timing_headers,
+    windows_header,
 )
 from maskserve.config.settings import Settings
 from maskserve.middleware.error_sanitizer import REQUEST_ID_HEADER
@@ -70,13 +71,15 @@ def fill_mask_doc(settings: Settings, mask_token: str) -> Schema:
             "Two forms. The Hugging Face Inference API's JSON (`Content-Type: application/json`), or "
             "the raw text itself with any other content type (never form-decoded: `curl -d` works). "
             f"Limits: a body of at most {settings.max_body_bytes} bytes, at most {settings.max_inputs} "
-            f"inputs of at most {settings.max_text_chars} characters each (and the model's token limit), "
+            f"inputs of at most {settings.max_text_chars} characters and {settings.max_text_tokens} tokens each, "
             f"top_k from 1 to {settings.max_top_k}, at most {settings.max_targets} targets, JSON nested at "
             f"most {settings.max_json_depth} levels. A target of several tokens is scored as the whole word "
             "(the product of each token's probability with the ones before it filled in and the rest masked), "
             "and its candidate lists all its token ids in `tokens`; `parameters.multi_token_targets: "
             '"first_token"` answers its first token instead, as the fill-mask pipeline does. Its copies of '
-            f"the text count against at most {settings.max_word_copies} a request."
+            f"the text count against at most {settings.max_word_copies} a request. A text longer than the "
+            "model reads is read in windows of the model's length around its masks (`X-Text-Windows` says how "
+            'many); `parameters.long_text: "refuse"` answers 422 instead.'
         ),
         "tags": ["inference"],
         "parameters": [
@@ -114,7 +117,7 @@ def fill_mask_doc(settings: Settings, mask_token: str) -> Schema:
             },
         },
         "responses": {
-            "200": ok("The predictions.", JSON, ref("FillMaskResponse"), **timing_headers()),
+            "200": ok("The predictions.", JSON, ref("FillMaskResponse"), **timing_headers(), **windows_header()),
             "400": error("The body is not UTF-8 or not JSON, or a header is unusable."),
             **_body_refusals(settings, "The body"),
             "422": error("Well-formed but unusable: no mask token, too long, a value out of range, unknown field."),
@@ -135,9 +138,12 @@ def score_doc(settings: Settings, mask_token: str) -> Schema:
             "the true token there, and a text's score their sum. JSON (`Content-Type: application/json`) "
             "or the raw text itself with any other content type. One string in, one object out; a list "
             f"in, a list out, in order. Limits: at most {settings.max_inputs} inputs of at most "
-            f"{settings.max_text_chars} characters and {settings.max_score_tokens} scored tokens each, "
-            f"at most {settings.max_queue} scored tokens a request. Each scored token is one text's "
-            "work, admitted, timed out and batched like any other."
+            f"{settings.max_text_chars} characters, {settings.max_text_tokens} tokens and "
+            f"{settings.max_score_tokens} scored tokens each, at most {settings.max_queue} scored tokens a "
+            "request. Each scored token is one text's work, admitted, timed out and batched like any other. "
+            "A text longer than the model reads is scored in windows of the model's length, each token read "
+            'in the window around it (`windows` says how many); `parameters.long_text: "refuse"` answers '
+            "422 instead."
         ),
         "tags": ["inference"],
         "parameters": fill_mask["parameters"],
@@ -153,7 +159,7 @@ def score_doc(settings: Settings, mask_token: str) -> Schema:
             },
         },
         "responses": {
-            "200": ok("Each text's score.", JSON, ref("ScoreResponse"), **timing_headers()),
+            "200": ok("Each text's score.", JSON, ref("ScoreResponse"), **timing_headers(), **windows_header()),
             "400": error("The body is not UTF-8 or not JSON, or a header is unusable."),
             **_body_refusals(settings, "The body"),
             "422": error("Well-formed but unusable: an empty text, too many tokens, an unknown metric or field."),
@@ -221,7 +227,7 @@ def oip_infer_doc(settings: Settings, mask_token: str) -> Schema:
             },
         },
         "responses": {
-            "200": ok("Each text's predictions.", JSON, ref("InferResponse"), **timing_headers())
+            "200": ok("Each text's predictions.", JSON, ref("InferResponse"), **timing_headers(), **windows_header())
             | {
                 "content": {
                     JSON: {"schema": ref("InferResponse")},

@@ -209,7 +209,7 @@ async def demo(request: web.Request) -> web.Response:
             headers=headers,
             served=served,
         )
-    result = build_result(text, served.loaded.model.mask_token, ran.result[0])
+    result = build_result(text, served.loaded.model.mask_token, ran.result[0], ran.windows[0])
     # The answered page holds the typed text: no cache may keep it.
     headers = {**timing_headers(ran.rows), "Cache-Control": "no-store"}
     return render(request, text=text, top_k=top_k, result=result, headers=headers, served=served)

@@ -54,7 +54,9 @@ def bar_width(log_prob: float) -> int:
     return max(1, round(100 * (1 - clamped / LOG_PROB_FLOOR)))
 
 
-def score_result(texts: Sequence[str], scores: Sequence[TextScore], answers: Sequence[Answer]) -> ScoreResult:
+def score_result(
+    texts: Sequence[str], scores: Sequence[TextScore], answers: Sequence[Answer], windows: Sequence[int]
+) -> ScoreResult:
     """What the page shows of the sentences' scores, and of how their copies were served."""
     # The slowest copy's figures, as the timing headers give them.
     timing = slowest(answers)
@@ -67,8 +69,9 @@ def score_result(texts: Sequence[str], scores: Sequence[TextScore], answers: Seq
                     TokenBar(token=t["token_str"], log_prob=nats(t["score"]), width=bar_width(t["score"]))
                     for t in score.tokens
                 ),
+                windows=count,
             )
-            for text, score in zip(texts, scores, strict=True)
+            for text, score, count in zip(texts, scores, windows, strict=True)
         ),
         queued_ms=milliseconds(timing.queued_s),
         computing_ms=milliseconds(timing.inference_s),
@@ -112,7 +115,7 @@ async def demo_score(request: web.Request) -> web.Response:
         headers = {**exc.headers(), "Cache-Control": "no-store"}
         scoring = ScoreForm(sentences, metric, error=form_error(exc))
         return render(request, text="", top_k="", scoring=scoring, status=exc.status, headers=headers, served=served)
-    scoring = ScoreForm(sentences, metric, result=score_result(ran.request.texts, ran.result, ran.rows))
+    scoring = ScoreForm(sentences, metric, result=score_result(ran.request.texts, ran.result, ran.rows, ran.windows))
     # The answered page holds the typed sentences: no cache may keep it.
     headers = {**timing_headers(ran.rows), "Cache-Control": "no-store"}
     return render(request, text="", top_k="", scoring=scoring, headers=headers, served=served)

@@ -54,6 +54,8 @@ class Result:
     queued_ms: str
     computing_ms: str
     batch_size: int
+    # The windows a text longer than the model reads was read in (1: read whole).
+    windows: int = 1
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,8 @@ class SentenceScore:
     text: str
     score: str
     tokens: tuple[TokenBar, ...]
+    # The windows a sentence longer than the model reads was scored in (1: read whole).
+    windows: int = 1
 
 
 @dataclass(frozen=True)
@@ -166,13 +170,14 @@ def milliseconds(seconds: float) -> str:
     return f"{ms:.1f} ms" if ms < 100 else f"{ms:.0f} ms"
 
 
-def build_result(text: str, mask_token: str, answer: Answer) -> Result:
+def build_result(text: str, mask_token: str, answer: Answer, windows: int = 1) -> Result:
     return Result(
         sentence=filled_sentence(text, mask_token, answer.predictions),
         masks=tuple(guesses(predictions) for predictions in answer.predictions),
         queued_ms=milliseconds(answer.queued_s),
         computing_ms=milliseconds(answer.inference_s),
         batch_size=answer.batch_size,
+        windows=windows,
     )
 
 

@@ -171,8 +171,8 @@ class RequestParser(BodyParser[FillMaskRequest]):
         for index, text in enumerate(request.texts):
             element = f"{request.location}[{index}]" if many else None
             query = self._query(text, element, request, None if targets is None else targets.single, model)
-            if targets is not None and request.long_text == "refuse":
-                self._check_word_lengths(query, targets, element or "the text", model)
+            if targets is not None:
+                self._check_word_lengths(query, targets, element or "the text", model, request.long_text)
             # Only a text read in windows needs its words (a window never cuts one): a second pass
             # of the tokenizer, over long texts alone.
             word_ids = None if fits(query.n_tokens + grows, layout) else model.encode_words(text)[1]
@@ -192,12 +192,23 @@ class RequestParser(BodyParser[FillMaskRequest]):
             raise InvalidInput("none of parameters.targets is in the model's vocabulary", field="parameters.targets")
         return targets
 
-    def _check_word_lengths(self, query: Query, targets: Targets, where: str, model: FillMaskModel) -> None:
-        """A whole word of k tokens grows its text's copies by k - 1: asked not to window, they must
-        fit the model too."""
+    def _check_word_lengths(
+        self, query: Query, targets: Targets, where: str, model: FillMaskModel, long_text: LongText
+    ) -> None:
+        """A whole word of k tokens grows its text's copies by k - 1: the copies are read in windows
+        that much narrower, which must still hold half of what the model reads; asked not to
+        window, the copies must fit the model whole."""
+        layout = Layout.of(model)
         for name, word in zip(targets.names, targets.words):
             tokens = query.n_tokens + len(word) - 1
-            if tokens > model.max_tokens:
+            longest = layout.inner // 2 + 1
+            if len(word) > longest:
+                raise TextTooLong(
+                    f"the target {name[:40]!r} takes {len(word)} tokens; a whole word may take at most {longest} "
+                    f"(half of the {model.max_tokens} tokens this model reads, so that its copies keep some text)",
+                    field="parameters.targets",
+                )
+            if long_text == "refuse" and tokens > model.max_tokens:
                 raise TextTooLong(
                     f"the target {name[:40]!r} takes {len(word)} tokens: in place of a mask, {where} would have "
                     f"{tokens} tokens; this model reads at most {model.max_tokens}, and parameters.long_text "

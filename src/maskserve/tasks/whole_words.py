@@ -188,7 +188,9 @@ def plan_text(
             window, narrow = own_window
             ids = window.ids(query.input_ids, narrow)
             copies.extend(word_copies(ids, mask_token_id, window.local(position, narrow), word))
-    return TextPlan(query, reads, words, positions, tuple(copies), windows=max(1, len(cut)))
+    # The whole text is one more window when the text's own query reads it whole.
+    read_whole = not reads and bool(query.target_ids)
+    return TextPlan(query, reads, words, positions, tuple(copies), windows=len(cut) + read_whole)
 
 
 def _whole_copies(

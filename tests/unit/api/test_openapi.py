@@ -25,6 +25,7 @@ from maskserve.http.routes import ROUTE_ROLES
 from maskserve.request.keys import SERVICE_KEY
 from maskserve.tasks.fill_mask_request import request_schema
 from maskserve.tasks.pseudo_likelihood import masked_copies
+from maskserve.tasks.windows import Layout
 from tests.conftest import ClientFactory
 from tests.fakes import ControlledModel, default_parts, wait_until_entered
 from tests.paths import TESTS
@@ -318,7 +319,11 @@ async def test_every_documented_response_is_produced_and_matches_the_document(
 
     # POST /score: raw text and JSON, one and several inputs, with and without tokens.
     model.poisoned.add(
-        masked_copies(bert_engine.encode_words("the cat"), bert_engine.mask_token_id, "original")[0].input_ids
+        masked_copies(
+            bert_engine.encode_words("the cat"), bert_engine.mask_token_id, "original", Layout.of(bert_engine)
+        )
+        .copies[0]
+        .input_ids
     )
     for path in SCORE_PATHS:
         await docs.check(await client.post(path, data="a dog"), 200)

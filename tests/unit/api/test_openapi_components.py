@@ -113,9 +113,11 @@ def test_a_prediction_with_a_key_the_pipeline_never_sends_is_refused() -> None:
 
 def test_a_score_response_is_one_text_score_or_a_list_of_them() -> None:
     check = validator(component_schemas(Settings()), "ScoreResponse")
-    one = {"score": -3.5, "tokens": [{"token": 7, "token_str": "city", "score": -1.0}]}
-    assert check.is_valid(one) and check.is_valid([one, {"score": -0.1}])
-    assert not check.is_valid({"score": 0.5})  # a log-probability is never positive
+    one = {"score": -3.5, "windows": 1, "tokens": [{"token": 7, "token_str": "city", "score": -1.0}]}
+    assert check.is_valid(one) and check.is_valid([one, {"score": -0.1, "windows": 3}])
+    assert not check.is_valid({"score": 0.5, "windows": 1})  # a log-probability is never positive
+    assert not check.is_valid({"score": -0.5})  # every answer says how many windows it took
+    assert not check.is_valid({"score": -0.5, "windows": 0})
     assert not check.is_valid([])
 
 

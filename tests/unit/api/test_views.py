@@ -198,7 +198,7 @@ async def test_score_raw_text_body_scores_that_one_text(make_client: ClientFacto
     client = await make_client()
     raw = await score_of(client, data="the cat sleeps.", headers={"Content-Type": "text/plain"})
     assert raw == await score_of(client, json={"inputs": "the cat sleeps."})
-    assert set(raw) == {"score"} and raw["score"] < 0
+    assert set(raw) == {"score", "windows"} and raw["score"] < 0 and raw["windows"] == 1
 
 
 async def test_score_list_in_answers_a_list_in_order(make_client: ClientFactory) -> None:

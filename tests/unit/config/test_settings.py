@@ -32,6 +32,7 @@ OTHER_VALUES: dict[str, tuple[str, object]] = {
     "request_timeout": ("2.5", 2.5),
     "max_body_bytes": ("4096", 4096),
     "max_text_chars": ("77", 77),
+    "max_text_tokens": ("600", 600),
     "max_inputs": ("3", 3),
     "max_top_k": ("9", 9),
     "max_targets": ("4", 4),
@@ -75,6 +76,7 @@ BAD_VALUES: dict[str, str] = {
     "request_timeout": "0",
     "max_body_bytes": "big",
     "max_text_chars": "0",
+    "max_text_tokens": "0",
     "max_inputs": "0",
     "max_top_k": "0",
     "max_targets": "x",
@@ -135,7 +137,8 @@ def test_defaults_without_flags_or_environment() -> None:
     assert (settings.host, settings.port, settings.model) == ("127.0.0.1", 8000, ())
     assert (settings.device, settings.dtype, settings.threads) == ("cpu", "auto", 0)
     assert (settings.max_batch_size, settings.max_batch_tokens, settings.max_batch_delay) == (32, 8192, 0.0)
-    assert (settings.max_queue, settings.max_body_bytes, settings.max_text_chars) == (256, 1_048_576, 10_000)
+    assert (settings.max_queue, settings.max_body_bytes, settings.max_text_chars) == (256, 1_048_576, 32_768)
+    assert settings.max_text_tokens == 4096
     assert (settings.max_top_k, settings.default_top_k, settings.log_json) == (100, 5, False)
 
 

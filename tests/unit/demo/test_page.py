@@ -464,3 +464,17 @@ async def test_an_unknown_model_is_shown_inline_naming_the_served_ones(
     response = await two_models.post("/demo/score", data={"sentences": "a dog.", "model": "gpt"})
     assert response.status == 404
     assert "'gpt'" in Page(await response.text()).score_error
+
+
+async def test_a_text_longer_than_the_model_reads_is_answered_in_windows(make_client: ClientFactory) -> None:
+    # The test model reads 128 tokens: a pasted text of three times that, masks at both ends.
+    client = await make_client()
+    text = "the [MASK] sat on the mat. " + "the dog ran in the park. " * 60 + "the cat sat on the [MASK]."
+    api = await client.post("/", json={"inputs": text, "parameters": {"top_k": 2}})
+    assert api.status == 200 and api.headers["X-Text-Windows"] == "2"
+    response = await client.post("/demo", data={"text": text, "top_k": "2"})
+    assert response.status == 200
+    page = Page(await response.text())
+    assert page.words == [p["token_str"] for mask in await api.json() for p in mask]
+    assert len(page.marks) == 2 and page.textarea == text
+    assert "Read in 2 windows" in page.texts_by_id["timing"]

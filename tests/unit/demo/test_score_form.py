@@ -165,3 +165,15 @@ async def test_get_demo_score_sends_the_browser_back_to_the_page(make_client: Cl
     response = await client.get("/demo/score", allow_redirects=False)
     assert response.status == 303
     assert response.headers["Location"] == "/"
+
+
+async def test_a_sentence_longer_than_the_model_reads_is_scored_in_windows(make_client: ClientFactory) -> None:
+    client = await make_client(max_score_tokens=512)
+    long = "the dog ran in the park. " * 40
+    api = await (await client.post("/score", json={"inputs": [long.strip(), SENTENCES[0]]})).json()
+    assert [text["windows"] for text in api] == [5, 1]
+    response = await client.post("/demo/score", data={"sentences": f"{long}\n{SENTENCES[0]}", "metric": "original"})
+    assert response.status == 200
+    page = Page(await response.text())
+    assert page.sentence_scores == [f"{text['score']:.2f}" for text in api]
+    assert "read in 5 windows" in await response.text()

@@ -217,10 +217,57 @@ def test_text_over_the_character_limit_is_422(bert_engine: FillMaskEngine) -> No
     assert error.kind == "text_too_long" and "28 characters" in error.message and "20" in error.message
 
 
-def test_text_over_the_model_token_limit_is_422(bert_engine: FillMaskEngine) -> None:
-    request = PARSER.parse(("the dog " * 100 + "[MASK]").encode(), "text/plain")
-    error = rejection(TextTooLong, PARSER.plans, request, bert_engine)
-    assert "tokens" in error.message and str(bert_engine.max_tokens) in error.message
+def test_text_over_max_text_tokens_is_422_naming_both_numbers(bert_engine: FillMaskEngine) -> None:
+    parser = RequestParser(Settings(max_text_tokens=150))
+    request = parser.parse(("the dog " * 100 + "[MASK]").encode(), "text/plain")
+    error = rejection(TextTooLong, parser.plans, request, bert_engine)
+    assert "the text has 203 tokens; the limit is 150 (--max-text-tokens)" in error.message
+
+
+def test_a_text_longer_than_the_model_is_read_in_windows_that_answer_its_masks(bert_engine: FillMaskEngine) -> None:
+    # 3 masks: two close together at the start, one far past the model's 128 tokens.
+    text = "[MASK] dog [MASK] " + "the dog " * 150 + "[MASK] end"
+    (plan,) = PARSER.plans(PARSER.parse(text.encode(), "text/plain"), bert_engine)
+    whole = plan.query.input_ids
+    assert len(whole) > 2 * bert_engine.max_tokens and plan.windows == len(plan.reads) == 2
+    masks = [i for i, token in enumerate(whole) if token == bert_engine.mask_token_id]
+    answered = []
+    for window in plan.reads:
+        ids = window.input_ids
+        assert len(ids) <= bert_engine.max_tokens and (ids[0], ids[-1]) == (whole[0], whole[-1])
+        assert window.read_by_server and window.answer_positions is not None
+        assert window.n_masks == len(window.answer_positions)
+        assert all(ids[p] == bert_engine.mask_token_id for p in window.answer_positions)
+        answered += window.answer_positions
+    assert len(answered) == len(masks) == 3
+    assert plan.queries == plan.reads and plan.decoded_predictions == plan.query.predictions
+
+
+def test_a_text_that_fits_is_one_query_read_whole(bert_engine: FillMaskEngine) -> None:
+    (plan,) = PARSER.plans(PARSER.parse(b"the [MASK] sat.", "text/plain"), bert_engine)
+    assert plan.queries == (plan.query,) and plan.windows == 1 and not plan.folds
+    assert plan.query.answer_positions is None and not plan.query.read_by_server
+
+
+def test_long_text_refuse_asks_for_the_422_rather_than_windows(bert_engine: FillMaskEngine) -> None:
+    body = {"inputs": "the dog " * 100 + "[MASK]", "parameters": {"long_text": "refuse"}}
+    error = rejection(TextTooLong, PARSER.plans, parse_json(body), bert_engine)
+    assert "203 tokens; this model reads at most 128" in error.message and "long_text" in error.message
+    assert rejection(InvalidInput, parse_json, {"inputs": "[MASK]", "parameters": {"long_text": "cut"}}).field == (
+        "parameters.long_text"
+    )
+
+
+def test_long_text_refuse_refuses_whole_word_copies_that_outgrow_the_model(bert_engine: FillMaskEngine) -> None:
+    # The text fits (124 tokens); a word of 8 tokens grows its copies to 131.
+    parameters = {"targets": ["new york city of new york city yes"], "long_text": "refuse"}
+    body = {"inputs": "the dog " * 60 + "[MASK]", "parameters": parameters}
+    error = rejection(TextTooLong, PARSER.plans, parse_json(body), bert_engine)
+    assert error.field == "parameters.targets" and "reads at most 128" in error.message
+    parameters["long_text"] = "window"
+    (plan,) = PARSER.plans(parse_json(body), bert_engine)
+    assert plan.reads == () and len(plan.copies) == len(plan.words[0]) == 8 and plan.windows == 1
+    assert all(copy.n_tokens <= bert_engine.max_tokens for copy in plan.copies)
 
 
 def test_blank_target_is_422(bert_engine: FillMaskEngine) -> None:

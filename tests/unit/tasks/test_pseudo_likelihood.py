@@ -26,6 +26,7 @@ from maskserve.tasks.pseudo_likelihood import (
     text_score,
     text_scores,
 )
+from maskserve.tasks.windows import Layout
 from tests.conftest import ClientFactory, EngineOf
 
 TEXTS = [
@@ -35,6 +36,8 @@ TEXTS = [
 ]
 # The tolerance the issue asks of every backend, in float32.
 TOLERANCE = 1e-4
+# A model that reads 512 tokens, [CLS] and [SEP] around each text: every text here fits it.
+LAYOUT = Layout(512, (1, 1))
 MODELS = ("wordpiece", "roberta", "xlmr")
 
 
@@ -100,9 +103,9 @@ def test_the_test_texts_hold_words_of_several_tokens_on_every_model(request: pyt
 
 def test_original_masks_one_token_per_copy_and_skips_special_tokens() -> None:
     words = ((101, 7, 8, 9, 102), (None, 0, 1, 1, None))
-    copies = masked_copies(words, 4, "original")
+    copies = masked_copies(words, 4, "original", LAYOUT).copies
     assert [c.input_ids for c in copies] == [(101, 4, 8, 9, 102), (101, 7, 4, 9, 102), (101, 7, 8, 4, 102)]
-    assert [(c.target_ids, c.answer_positions) for c in copies] == [((7,), 1), ((8,), 2), ((9,), 3)]
+    assert [(c.target_ids, c.answer_positions) for c in copies] == [((7,), (1,)), ((8,), (2,)), ((9,), (3,))]
     # The server reads each answer itself: no sequence is decoded, no JSON built.
     assert all(c.read_by_server for c in copies)
 
@@ -119,14 +122,14 @@ def test_within_word_l2r_masks_the_rest_of_the_word_to_the_right_only() -> None:
 
 def test_a_copy_costs_one_text_of_one_prediction_whatever_its_masks() -> None:
     words = ((101, 7, 8, 9, 102), (None, 0, 0, 0, None))
-    first = masked_copies(words, 4, "within_word_l2r")[0]
+    first = masked_copies(words, 4, "within_word_l2r", LAYOUT).copies[0]
     assert (first.n_masks, first.predictions, first.n_tokens) == (1, 1, 5)
     assert first.prediction_tokens == 0  # no sequence is decoded
 
 
 def test_the_score_is_the_sum_of_the_true_tokens_log_probabilities() -> None:
     words = ((101, 7, 8, 102), (None, 0, 1, None))
-    copies = masked_copies(words, 4, "original")
+    copies = masked_copies(words, 4, "original", LAYOUT).copies
     answers = [
         [[{"score": 0.5, "token": 7, "token_str": "a", "sequence": ""}]],
         [[{"score": 0.25, "token": 8, "token_str": "b", "sequence": ""}]],
@@ -138,7 +141,7 @@ def test_the_score_is_the_sum_of_the_true_tokens_log_probabilities() -> None:
 
 def test_tokens_whose_probability_underflowed_give_the_lowest_float_not_an_error() -> None:
     words = ((101, 7, 8, 9, 102), (None, 0, 1, 2, None))
-    copies = masked_copies(words, 4, "original")
+    copies = masked_copies(words, 4, "original", LAYOUT).copies
     answers = [[[{"score": p, "token": t, "token_str": "", "sequence": ""}]] for p, t in ((0.0, 7), (0.0, 8), (0.5, 9))]
     score = text_score(copies, answers)  # type: ignore[arg-type]
     # Two underflowed tokens sum below any float: the score is the lowest one, still valid JSON.
@@ -147,8 +150,8 @@ def test_tokens_whose_probability_underflowed_give_the_lowest_float_not_an_error
 
 
 def test_text_scores_split_one_list_of_answers_back_into_texts_in_order() -> None:
-    first = masked_copies(((101, 7, 102), (None, 0, None)), 4, "original")
-    second = masked_copies(((101, 8, 9, 102), (None, 0, 1, None)), 4, "original")
+    first = masked_copies(((101, 7, 102), (None, 0, None)), 4, "original", LAYOUT).copies
+    second = masked_copies(((101, 8, 9, 102), (None, 0, 1, None)), 4, "original", LAYOUT).copies
     answers = [
         [[{"score": p, "token": t, "token_str": "", "sequence": ""}]] for p, t in ((0.5, 7), (0.25, 8), (1.0, 9))
     ]

@@ -20,9 +20,11 @@ TEXTS = ("paris is the capital of france.", "a cat sat.")
 
 def test_a_plan_has_one_copy_per_scored_token_each_with_its_own_mask(bert_engine: FillMaskEngine) -> None:
     plan = TASK.plan(ScoreRequest(texts=TEXTS, batched=True), bert_engine)
-    assert [len(copies) for copies in plan.per_text] == [len(bert_engine.encode(t)) - 2 for t in TEXTS]
-    assert plan.queries == plan.per_text[0] + plan.per_text[1]
-    for copies in plan.per_text:
+    assert [len(text.copies) for text in plan.per_text] == [len(bert_engine.encode(t)) - 2 for t in TEXTS]
+    assert plan.queries == plan.per_text[0].copies + plan.per_text[1].copies
+    assert plan.windows == (1, 1)
+    for text in plan.per_text:
+        copies = text.copies
         positions = [copy.input_ids.index(bert_engine.mask_token_id) for copy in copies]
         assert positions == list(range(1, len(copies) + 1))  # every token but the two special ones
     assert TASK.decodes(plan) == 0
@@ -34,7 +36,8 @@ def test_a_fold_sums_each_texts_log_probabilities(bert_engine: FillMaskEngine) -
     answers = [Answer(p, 0.0, 0.0, 1, json=text_answer_json(p)) for p in predictions]
     scores = TASK.fold(plan, answers, bert_engine)
     start = 0
-    for copies, score in zip(plan.per_text, scores, strict=True):
+    for text, score in zip(plan.per_text, scores, strict=True):
+        copies = text.copies
         own = predictions[start : start + len(copies)]
         start += len(copies)
         expected = [math.log(answer[0][0]["score"]) for answer in own]

@@ -90,9 +90,9 @@ def test_a_body_that_cannot_be_read_is_an_invalid_body(body: bytes, message: str
 def test_copies_are_one_masked_copy_per_scored_token_per_text() -> None:
     model = EchoModel()
     per_text = PARSER.copies(ScoreRequest(texts=("a bb ccc", "dd"), batched=True), model)
-    assert [len(copies) for copies in per_text] == [3, 1]
-    for copies in per_text:
-        for position, copy in enumerate(copies, start=1):
+    assert [len(text.copies) for text in per_text] == [3, 1]
+    for text in per_text:
+        for position, copy in enumerate(text.copies, start=1):
             assert copy.input_ids[position] == model.mask_token_id and copy.answer_positions == (position,)
 
 
@@ -101,8 +101,8 @@ def test_copies_are_one_masked_copy_per_scored_token_per_text() -> None:
     [
         (("  ",), InvalidInput, "inputs", "the text is empty"),
         (("fine", ""), InvalidInput, "inputs[1]", "inputs[1] is empty"),
-        (("x" * 10_001,), TextTooLong, "inputs", "10001 characters"),
-        (("w " * 600,), TextTooLong, "inputs", "this model reads at most 512"),
+        (("x" * 32_769,), TextTooLong, "inputs", "32769 characters"),
+        (("w " * 5000,), TextTooLong, "inputs", "5002 tokens; the limit is 4096 (--max-text-tokens)"),
     ],
 )
 def test_a_text_that_cannot_be_scored_is_refused_naming_it(
@@ -115,7 +115,7 @@ def test_a_text_that_cannot_be_scored_is_refused_naming_it(
 
 def test_a_text_with_more_tokens_than_max_score_tokens_is_too_long() -> None:
     parser = ScoreRequestParser(settings_from({"max_score_tokens": 3}))
-    assert len(parser.copies(ScoreRequest(texts=("a b c",), batched=False), EchoModel())[0]) == 3
+    assert len(parser.copies(ScoreRequest(texts=("a b c",), batched=False), EchoModel())[0].copies) == 3
     with pytest.raises(TextTooLong, match="4 tokens to score; the limit is 3"):
         parser.copies(ScoreRequest(texts=("a b c d",), batched=False), EchoModel())
 
@@ -147,15 +147,16 @@ SCORE = TextScore(
 
 
 def test_a_text_score_has_its_tokens_only_when_asked() -> None:
-    assert text_score_json(SCORE, with_tokens=False) == {"score": -2.5}
-    assert text_score_json(SCORE, with_tokens=True) == {"score": -2.5, "tokens": SCORE.tokens}
+    assert text_score_json(SCORE, with_tokens=False) == {"score": -2.5, "windows": 1}
+    assert text_score_json(SCORE, with_tokens=True, windows=3) == {"score": -2.5, "windows": 3, "tokens": SCORE.tokens}
 
 
 def test_one_string_in_answers_one_object_and_a_list_answers_a_list_in_order() -> None:
     other = TextScore(score=-0.5, tokens=[])
-    assert json.loads(score_response_body(ScoreRequest(texts=("a",), batched=False), [SCORE])) == {"score": -2.5}
+    single = ScoreRequest(texts=("a",), batched=False)
+    assert json.loads(score_response_body(single, [SCORE], [1])) == {"score": -2.5, "windows": 1}
     batched = ScoreRequest(texts=("a", "b"), batched=True, tokens=True)
-    assert json.loads(score_response_body(batched, [SCORE, other])) == [
-        {"score": -2.5, "tokens": SCORE.tokens},
-        {"score": -0.5, "tokens": []},
+    assert json.loads(score_response_body(batched, [SCORE, other], [2, 1])) == [
+        {"score": -2.5, "windows": 2, "tokens": SCORE.tokens},
+        {"score": -0.5, "windows": 1, "tokens": []},
     ]

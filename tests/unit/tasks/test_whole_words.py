@@ -26,11 +26,14 @@ from maskserve.service import registry as service_module
 from maskserve.serving.costs import BatchReport
 from maskserve.tasks.fill_mask import FillMask
 from maskserve.tasks.whole_words import Targets, plan_text, split_targets, text_predictions, word_copies
+from maskserve.tasks.windows import Layout
 from tests.conftest import ClientFactory, EngineOf
 from tests.fakes import ControlledModel, EchoModel, default_parts, wait_for_depth, wait_until_entered
 
 # Absolute, in float32: torch runs the model's own kernels; the graph backends' fused kernels sum
 # in another order (as in tests/unit/engine/test_fidelity.py).
+# A model that reads 512 tokens, [CLS] and [SEP] around each text: every text planned here fits it.
+LAYOUT = Layout(512, (1, 1))
 TOLERANCE = {"torch": 1e-5, "onnxruntime": 1e-4, "openvino": 1e-4}
 # Relative, in float32, on every backend: a wrong copy (a token of the word left in instead of
 # masked) moves a word's score on these tiny models by 1e-4 of itself or more.
@@ -128,22 +131,22 @@ def test_copy_i_puts_in_the_first_tokens_masks_the_rest_and_reads_its_own_row() 
         (1, 20, 7, 8, 4, 21, 4, 2),
     ]
     assert [(c.target_ids, c.answer_positions, c.top_k, c.predictions) for c in copies] == [
-        ((7,), 2, 1, 1),
-        ((8,), 3, 1, 1),
-        ((9,), 4, 1, 1),
+        ((7,), (2,), 1, 1),
+        ((8,), (3,), 1, 1),
+        ((9,), (4,), 1, 1),
     ]
 
 
 def test_a_plan_holds_copies_mask_by_mask_word_by_word_and_skips_an_empty_own_query() -> None:
     text = (1, 4, 20, 4, 2)
-    mixed = plan_text(Query(text, top_k=5, target_ids=(7,), n_masks=2), Targets((7,), ((5, 6), (8, 9, 10))), 4)
+    mixed = plan_text(Query(text, top_k=5, target_ids=(7,), n_masks=2), Targets((7,), ((5, 6), (8, 9, 10))), 4, LAYOUT)
     assert mixed.positions == (1, 3)
     assert [c.answer_positions[0] for c in mixed.copies if c.answer_positions] == [1, 2, 1, 2, 3, 3, 4, 3, 4, 5]
     assert mixed.queries[0].input_ids == text and len(mixed.queries) == 11
     assert mixed.answer_predictions == 2 * 3 and mixed.word_predictions == 2 * 2
-    words_only = plan_text(Query(text, top_k=5, target_ids=(), n_masks=2), Targets((), ((5, 6),)), 4)
+    words_only = plan_text(Query(text, top_k=5, target_ids=(), n_masks=2), Targets((), ((5, 6),)), 4, LAYOUT)
     assert len(words_only.queries) == 4 and all(q.answer_positions is not None for q in words_only.queries)
-    plain = plan_text(Query(text, top_k=5, n_masks=2), None, 4)
+    plain = plan_text(Query(text, top_k=5, n_masks=2), None, 4, LAYOUT)
     assert plain.queries == (plain.query,) and not plain.has_words
 
 
@@ -153,7 +156,7 @@ def one(token: int, score: float) -> TextPredictions:
 
 def test_a_words_score_is_the_product_merged_by_score_and_cut_to_top_k() -> None:
     text = (1, 4, 2)
-    plan = plan_text(Query(text, top_k=2, target_ids=(7, 8), n_masks=1), Targets((7, 8), ((5, 6), (9, 3))), 4)
+    plan = plan_text(Query(text, top_k=2, target_ids=(7, 8), n_masks=1), Targets((7, 8), ((5, 6), (9, 3))), 4, LAYOUT)
     own: TextPredictions = [
         [
             Prediction(score=0.3, token=7, token_str="seven", sequence="s7"),
@@ -177,7 +180,7 @@ def test_a_words_score_is_the_product_merged_by_score_and_cut_to_top_k() -> None
 
 
 def test_a_copy_answered_for_another_token_is_a_bug_not_an_answer() -> None:
-    plan = plan_text(Query((1, 4, 2), top_k=2, target_ids=(), n_masks=1), Targets((), ((5, 6),)), 4)
+    plan = plan_text(Query((1, 4, 2), top_k=2, target_ids=(), n_masks=1), Targets((), ((5, 6),)), 4, LAYOUT)
     with pytest.raises(RuntimeError, match="this is a bug"):
         text_predictions(plan, [one(5, 0.5), one(7, 0.5)], lambda ids, position, word: ("", ""))
 
@@ -335,7 +338,7 @@ async def test_the_open_inference_protocol_takes_the_same_parameter(
         (
             {"targets": ["a " * 600]},
             {"max_word_copies": 9999, "max_queue": 9999},
-            "reads at most 512",
+            "a whole word may take at most 256",
             "parameters.targets",
         ),
         ({"targets": ["a bb", "ccc d"]}, {"max_predictions": 12}, "24 of them for whole-word targets", None),
