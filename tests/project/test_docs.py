@@ -17,7 +17,15 @@ from tests.paths import ROOT
 from tests.project.test_layers import contract_layers
 
 DOCS = ROOT / "docs"
-HEADERS = ("X-Request-Id", "X-Queue-Time-Ms", "X-Inference-Time-Ms", "X-Batch-Size", "X-Request-Timeout", "Retry-After")
+HEADERS = (
+    "X-Request-Id",
+    "X-Queue-Time-Ms",
+    "X-Inference-Time-Ms",
+    "X-Batch-Size",
+    "X-Text-Windows",
+    "X-Request-Timeout",
+    "Retry-After",
+)
 # A Markdown link to a file of the repository: [text](path) or [text](path#anchor), not a URL.
 LINK = re.compile(r"\]\((?!https?://|mailto:|#)([^)\s#]+)(?:#([^)\s]+))?\)")
 
