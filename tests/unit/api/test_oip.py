@@ -372,3 +372,35 @@ async def test_tritonclient_passing_a_model_version_reads_metadata_readiness_and
     assert response["model_version"] == "1"
     assert answer == await post_answers(client, [PARIS])
     assert wrong.status() == "404" and "it serves version '1'" in (wrong.message() or "")
+
+
+async def test_a_long_text_is_read_in_windows_as_post_reads_it_or_refused_when_asked(
+    make_client: ClientFactory,
+) -> None:
+    client = await make_client()
+    # The test model reads 128 tokens: masks at both ends of three times that.
+    long = "the [MASK] sat. " + "the dog ran in the park. " * 60 + "the cat sat on the [MASK]."
+    response = await client.post("/v2/models/maskserve/infer", json=infer_body([long, PARIS]))
+    assert response.status == 200, await response.text()
+    assert response.headers["X-Text-Windows"] == "2, 1"
+    answered = [json.loads(item) for item in (await response.json())["outputs"][0]["data"]]
+    posted = await post_answers(client, [long, PARIS])
+    # Batched apart, the same rows may round differently in the last bits.
+    assert strip_scores(answered) == strip_scores(posted)
+    assert scores_of(answered) == pytest.approx(scores_of(posted), abs=1e-6)
+    refused = infer_body([long], parameters={"long_text": "refuse"})
+    response = await client.post("/v2/models/maskserve/infer", json=refused)
+    assert response.status == 422 and "reads at most 128" in (await response.json())["error"]
+
+
+def strip_scores(answers: Any) -> Any:
+    """The answers without their scores (predictions at any depth of lists)."""
+    if isinstance(answers, list):
+        return [strip_scores(item) for item in answers]
+    return {key: value for key, value in answers.items() if key != "score"}
+
+
+def scores_of(answers: Any) -> list[float]:
+    if isinstance(answers, list):
+        return [score for item in answers for score in scores_of(item)]
+    return [answers["score"]]
