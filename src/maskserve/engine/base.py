@@ -9,6 +9,7 @@ inference thread.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ import transformers
 
 from maskserve.engine.cpu import describe_features, precision_in_effect
 from maskserve.engine.pretrained import check_tokenizer, max_tokens
+from maskserve.engine.spliced_decode import SplicedText
 from maskserve.engine.threads import ThreadPolicy
 from maskserve.model_api import Prediction, Progress, Query, TextPredictions, Words
 
@@ -41,6 +43,9 @@ def pad_batch(sequences: Sequence[Sequence[int]], pad_token_id: int) -> tuple[np
 # quotes (about 60), a score written in full ("2.2250738585072014e-308"), a token id, and the ", "
 # and brackets between predictions and masks; rounded up.
 PREDICTION_JSON_OVERHEAD = 128
+# Texts longer than this many tokens are decoded in segments when filled (spliced_decode.py): below
+# it, decoding the whole text costs about as much as decoding it once in segments does.
+SPLICE_FROM_TOKENS = 256
 
 
 def piece_json_bytes(tokenizer: Any) -> np.ndarray:
@@ -133,6 +138,9 @@ class FillMaskEngine:
         pieces = piece_json_bytes(tokenizer)
         self._piece_bytes: list[int] = pieces.tolist()
         self._longest_piece = int(pieces.max()) if pieces.size else 0
+        # A long text's segments, kept while its answer's candidates are decoded: a request's fold
+        # asks for one text many times in a row, and a few requests' folds may interleave.
+        self._spliced = functools.lru_cache(maxsize=16)(self._splice)
         # Filled in by the loader, for /info and the load-time metric.
         self.source: str = name
         self.load_seconds: float | None = None
@@ -182,9 +190,28 @@ class FillMaskEngine:
 
     def fill_word(self, input_ids: Sequence[int], position: int, word: Sequence[int]) -> tuple[str, str]:
         """The word's text and the text with it put in at ``position``, decoded as a single
-        token's ``token_str`` and ``sequence`` are (see :meth:`_filled_sequence`)."""
+        token's ``token_str`` and ``sequence`` are (see :meth:`_filled_sequence`).
+
+        A long text (one read in windows) is decoded once in segments, and each word costs the
+        decoding of its mask's segment alone (see spliced_decode.py)."""
+        token_str: str = self.tokenizer.decode(list(word))
+        if len(input_ids) <= SPLICE_FROM_TOKENS:
+            single_mask = self.count_masks(input_ids) == 1
+            return token_str, self._filled_sequence(input_ids, position, word, single_mask)
+        return token_str, self._spliced(tuple(input_ids)).filled(position, word)
+
+    def _splice(self, input_ids: tuple[int, ...]) -> SplicedText:
+        """``input_ids`` cut around its masks and decoded once, as :meth:`_filled_sequence` decodes."""
         single_mask = self.count_masks(input_ids) == 1
-        return self.tokenizer.decode(list(word)), self._filled_sequence(input_ids, position, word, single_mask)
+        masks = [i for i, token in enumerate(input_ids) if token == self.mask_token_id]
+
+        def decode(ids: Sequence[int]) -> str:
+            text: str = self.tokenizer.decode(
+                [i for i in ids if i != self.pad_token_id], skip_special_tokens=single_mask
+            )
+            return text
+
+        return SplicedText(input_ids, masks, decode)
 
     def prediction_bytes(self, input_ids: Sequence[int]) -> int:
         """At most how many bytes one prediction for this text takes in the JSON answer.

@@ -167,7 +167,9 @@ def plan_text(
     spans = [(position, position) for position in positions]
     cut: set[tuple[int, int]] = set()
     reads: tuple[Query, ...] = ()
-    if not fits(query.n_tokens, layout):
+    # The text's own query is queued unless every target is a whole word: only then are its windows read.
+    asks_own = not words or bool(query.target_ids)
+    if asks_own and not fits(query.n_tokens, layout):
         own = windows(word_ids, spans, layout)
         cut.update((w.start, w.end) for w in own)
         reads = tuple(_window_query(query, window, layout) for window in own)
@@ -189,7 +191,7 @@ def plan_text(
             ids = window.ids(query.input_ids, narrow)
             copies.extend(word_copies(ids, mask_token_id, window.local(position, narrow), word))
     # The whole text is one more window when the text's own query reads it whole.
-    read_whole = not reads and bool(query.target_ids)
+    read_whole = asks_own and not reads
     return TextPlan(query, reads, words, positions, tuple(copies), windows=len(cut) + read_whole)
 
 

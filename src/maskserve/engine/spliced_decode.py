@@ -1,0 +1,93 @@
+"""A long text decoded again and again with one token changed, in the time of decoding a few words.
+
+Every prediction's ``sequence`` is its whole text decoded with the candidate put in: for a text of
+thousands of tokens (one read in windows), decoding it whole for each of top_k candidates of each
+mask costs far more than the model's forward passes. A tokenizer's decoding is local, though: the
+text comes out as the pieces of its tokens joined by nothing or a space, with clean-up rules that
+look at neighbouring tokens only. So the text is cut once into segments, each mask in a segment of
+its own with a few tokens of context on each side; each segment is decoded once, and the joins
+between them are read off the whole text's own decoding, which must come out exactly as the
+segments joined. A candidate then costs the decoding of its mask's segment alone, spliced between
+the others. A text whose segments do not join back exactly is decoded whole every time (exact,
+only slower). Pure string work over the tokenizer's ``decode``: no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+# Tokens kept on each side of a mask in its own segment: more than any clean-up rule looks at
+# (they join a token with its neighbour, such as "do" "n't"), so a changed mask never changes a join.
+CONTEXT = 8
+
+# Token ids to text, as the sequence is decoded (special tokens skipped or kept, pads dropped).
+Decode = Callable[[Sequence[int]], str]
+
+
+class SplicedText:
+    """One text cut into segments around the given positions, each decoded once."""
+
+    def __init__(self, input_ids: Sequence[int], positions: Sequence[int], decode: Decode) -> None:
+        self.input_ids = tuple(input_ids)
+        self.decode = decode
+        # (start, end) of each segment, in text order: around each position, and the runs between.
+        self.bounds: list[tuple[int, int]] = []
+        # The segment each position is filled in, by position.
+        self.segment_of: dict[int, int] = {}
+        for position in sorted(positions):
+            start, end = max(0, position - CONTEXT), min(len(self.input_ids), position + CONTEXT + 1)
+            if self.bounds and start <= self.bounds[-1][1]:  # overlaps the last: one segment for both
+                start = self.bounds.pop()[0]
+            self.bounds.append((start, end))
+            # A later position merged into this segment keeps pointing at it (fixed below).
+        self._fill_gaps()
+        for index, (start, end) in enumerate(self.bounds):
+            for position in positions:
+                if start <= position < end:
+                    self.segment_of[position] = index
+        self.pieces = [decode(self.input_ids[start:end]) for start, end in self.bounds]
+        self.joins = self._joins(decode(self.input_ids))
+
+    def _fill_gaps(self) -> None:
+        """Add the runs of tokens between (and around) the positions' segments as segments of their own."""
+        filled: list[tuple[int, int]] = []
+        cursor = 0
+        for start, end in self.bounds:
+            if start > cursor:
+                filled.append((cursor, start))
+            filled.append((start, end))
+            cursor = end
+        if cursor < len(self.input_ids):
+            filled.append((cursor, len(self.input_ids)))
+        self.bounds = filled
+
+    def _joins(self, whole: str) -> list[str] | None:
+        """What comes between each segment and the next in ``whole`` ("" or a space); None when
+        the segments do not join back into it exactly."""
+        if not self.pieces or not whole.startswith(self.pieces[0]):
+            return None
+        cursor = len(self.pieces[0])
+        joins: list[str] = []
+        for piece in self.pieces[1:]:
+            for join in ("", " "):
+                if whole.startswith(join + piece, cursor):
+                    joins.append(join)
+                    cursor += len(join) + len(piece)
+                    break
+            else:
+                return None
+        return joins if cursor == len(whole) else None
+
+    def filled(self, position: int, tokens: Sequence[int]) -> str:
+        """The text with ``tokens`` in place of the token at ``position`` (one of the positions
+        it was cut around), decoded as the whole text would be."""
+        ids = self.input_ids
+        if self.joins is None or position not in self.segment_of:
+            return self.decode((*ids[:position], *tokens, *ids[position + 1 :]))
+        index = self.segment_of[position]
+        start, end = self.bounds[index]
+        own = self.decode((*ids[start:position], *tokens, *ids[position + 1 : end]))
+        parts = [self.pieces[0] if index else own]
+        for i in range(1, len(self.pieces)):
+            parts += [self.joins[i - 1], own if i == index else self.pieces[i]]
+        return "".join(parts)
