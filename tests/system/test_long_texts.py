@@ -345,3 +345,29 @@ async def test_masks_close_together_share_a_window_and_masks_past_the_models_len
     assert response.headers["X-Text-Windows"] == "2"  # fewer windows than masks
     assert [len(mask) for mask in body] == [TOP_K] * 4
     assert_same_predictions(body, expected, tolerance(bert_engine))
+
+
+# -- /score: each token read in its window ------------------------------------------------------
+
+
+@pytest.mark.parametrize("metric", ["original", "within_word_l2r"])
+@pytest.mark.parametrize("name", ["bert", "roberta", "xlmr"])
+async def test_score_of_a_long_text_equals_the_pseudo_log_likelihood_window_by_window(
+    make_client: ClientFactory, request: pytest.FixtureRequest, name: str, metric: str
+) -> None:
+    engine, folder = model(request, name)
+    tokenizer, _ = hf_model(folder)
+    text = " ".join(words_of_length(folder))
+    count, expected = oracle_pll(folder, text, metric)
+    assert count >= 5 and len(expected) > 2 * MODEL_LENGTH
+
+    client = await make_client(engine=engine, **SCORE_LIMITS)
+    response = await client.post("/score", json={"inputs": text, "parameters": {"metric": metric, "tokens": True}})
+    body = await post_ok(response)
+    assert body["windows"] == count
+    assert response.headers["X-Text-Windows"] == str(count)
+    assert [(t["token"], t["token_str"]) for t in body["tokens"]] == [
+        (token, tokenizer.decode([token])) for token, _ in expected
+    ]
+    assert [t["score"] for t in body["tokens"]] == pytest.approx([score for _, score in expected], abs=TOLERANCE)
+    assert body["score"] == pytest.approx(math.fsum(score for _, score in expected), abs=TOLERANCE)
