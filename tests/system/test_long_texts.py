@@ -371,3 +371,102 @@ async def test_score_of_a_long_text_equals_the_pseudo_log_likelihood_window_by_w
     ]
     assert [t["score"] for t in body["tokens"]] == pytest.approx([score for _, score in expected], abs=TOLERANCE)
     assert body["score"] == pytest.approx(math.fsum(score for _, score in expected), abs=TOLERANCE)
+
+
+# -- whole words past the model's length --------------------------------------------------------
+
+# On the tiny WordPiece BERT: "dog" is one token; "cats" two (cat ##s), "parisians" three (paris ##ian ##s).
+WORD_TARGETS = ["dog", "cats", "parisians"]
+
+
+def oracle_with_words(
+    folder: Path, text: str, targets: Sequence[str]
+) -> tuple[set[tuple[int, int]], list[list[dict[str, Any]]]]:
+    """The windows a text with whole-word targets is read in (its own, for its single-token targets,
+    and its copies'), and each mask's candidates by score: single tokens as the pipeline answers
+    them in the mask's window, whole words by the chain rule on their narrower windows."""
+    tokenizer, _ = hf_model(folder)
+    ids, word_ids = encode(folder, text)
+    positions = mask_positions(folder, ids)
+    words = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in targets]
+    single = [name for name, word in zip(targets, words) if len(word) == 1]
+    own = oracle_windows(word_ids, [(p, p) for p in positions])
+    read = {(w.start, w.end) for w in own} if single else set()
+    expected: list[list[dict[str, Any]]] = []
+    for position in positions:
+        candidates = []
+        if single:
+            window = window_of(own, position)
+            answer = per_mask(pipeline(folder)(window_text(folder, window.ids(ids)), targets=single, top_k=len(single)))
+            local = mask_positions(folder, window.ids(ids)).index(window.local(position))
+            candidates += [{**p, "sequence": filled(folder, ids, position, [p["token"]])} for p in answer[local]]
+        for word in words:
+            if len(word) == 1:
+                continue
+            narrow, score = oracle_word_score(folder, text, position, word)
+            read.add((narrow.start, narrow.end))
+            candidates.append(
+                {
+                    "score": score,
+                    "token": word[0],
+                    "token_str": tokenizer.decode(word),
+                    "sequence": filled(folder, ids, position, word),
+                    "tokens": word,
+                }
+            )
+        expected.append(sorted(candidates, key=lambda p: -p["score"]))
+    return read, expected
+
+
+def assert_same_with_words(got: Any, expected: Sequence[Sequence[dict[str, Any]]]) -> None:
+    got = per_mask(got)
+    assert len(got) == len(expected)
+    for mask, (mine, theirs) in enumerate(zip(got, expected)):
+        assert [sorted(p) for p in mine] == [sorted(p) for p in theirs], f"mask {mask}"
+        assert [(p["token"], p["token_str"], p["sequence"], p.get("tokens")) for p in mine] == [
+            (p["token"], p["token_str"], p["sequence"], p.get("tokens")) for p in theirs
+        ], f"mask {mask}"
+        scores = pytest.approx([p["score"] for p in theirs], rel=WORD_TOLERANCE)
+        assert [p["score"] for p in mine] == scores, f"mask {mask}"
+
+
+async def test_a_whole_word_past_the_models_length_is_the_chain_rule_on_its_narrower_window(
+    make_client: ClientFactory, wordpiece_engine: FillMaskEngine, wordpiece_dir: Path
+) -> None:
+    words = words_of_length(wordpiece_dir)
+    text = masked(wordpiece_dir, words, [3, len(words) // 2])
+    assert mask_positions(wordpiece_dir, encode(wordpiece_dir, text)[0])[1] > MODEL_LENGTH
+    read, expected = oracle_with_words(wordpiece_dir, text, WORD_TARGETS)
+    assert [len(mask) for mask in expected] == [3, 3]
+
+    client = await make_client(engine=wordpiece_engine)
+    response = await client.post("/", json={"inputs": text, "parameters": {"targets": WORD_TARGETS, "top_k": 3}})
+    assert_same_with_words(await post_ok(response), expected)
+    # Per mask: its own window (for "dog"), and one per length of word (each narrower).
+    assert response.headers["X-Text-Windows"] == str(len(read)) == "6"
+
+
+async def test_a_text_that_fits_but_not_with_a_whole_word_in_reads_its_copies_in_windows(
+    make_client: ClientFactory, wordpiece_engine: FillMaskEngine, wordpiece_dir: Path
+) -> None:
+    text = masked(wordpiece_dir, words_of_length(wordpiece_dir, MODEL_LENGTH)[: MODEL_LENGTH - 2], [60])
+    assert len(encode(wordpiece_dir, text)[0]) == MODEL_LENGTH
+    _, expected = oracle_with_words(wordpiece_dir, text, WORD_TARGETS)
+    client = await make_client(engine=wordpiece_engine)
+    response = await client.post("/", json={"inputs": text, "parameters": {"targets": WORD_TARGETS, "top_k": 3}})
+    assert_same_with_words(await post_ok(response), expected)
+
+
+async def test_whole_words_alone_count_only_the_windows_their_copies_read(
+    make_client: ClientFactory, wordpiece_engine: FillMaskEngine, wordpiece_dir: Path
+) -> None:
+    # No single-token target: the text's own windows are never queued, so they are not windows it
+    # was read in; the header counts the copies' windows alone.
+    words = words_of_length(wordpiece_dir)
+    text = masked(wordpiece_dir, words, [len(words) // 2])
+    read, expected = oracle_with_words(wordpiece_dir, text, ["cats"])
+    assert len(read) == 1
+    client = await make_client(engine=wordpiece_engine)
+    response = await client.post("/", json={"inputs": text, "parameters": {"targets": ["cats"]}})
+    assert_same_with_words(await post_ok(response), expected)
+    assert response.headers["X-Text-Windows"] == "1"
