@@ -470,3 +470,110 @@ async def test_whole_words_alone_count_only_the_windows_their_copies_read(
     response = await client.post("/", json={"inputs": text, "parameters": {"targets": ["cats"]}})
     assert_same_with_words(await post_ok(response), expected)
     assert response.headers["X-Text-Windows"] == "1"
+
+
+# -- texts that fit, and the limits -------------------------------------------------------------
+
+
+async def test_a_text_that_fits_is_answered_exactly_as_the_pipeline_answers_it(
+    make_client: ClientFactory, engine_of: EngineOf, bert_dir: Path
+) -> None:
+    engine = engine_of("bert")
+    fitting = masked(bert_dir, words_of_length(bert_dir, MODEL_LENGTH)[: MODEL_LENGTH - 2], [0, MODEL_LENGTH - 3])
+    assert len(encode(bert_dir, fitting)[0]) == MODEL_LENGTH  # the longest text read whole
+    client = await make_client(engine=engine)
+    for text in ["paris is the [MASK] of france.", "the [MASK] is the [MASK] of france.", fitting]:
+        response = await client.post("/", json={"inputs": text, "parameters": {"top_k": TOP_K}})
+        expected = per_mask(pipeline(bert_dir)(text, top_k=TOP_K))
+        assert_same_predictions(await post_ok(response), expected, tolerance(engine))
+        assert response.headers["X-Text-Windows"] == "1"
+    # One token longer is read in windows.
+    longer = fitting.replace("[MASK]", "[MASK] the", 1)
+    assert len(encode(bert_dir, longer)[0]) == MODEL_LENGTH + 1
+    response = await client.post("/", json={"inputs": longer, "parameters": {"top_k": TOP_K}})
+    count, expected = oracle_fill_mask(bert_dir, longer)
+    assert_same_predictions(await post_ok(response), expected, tolerance(engine))
+    assert response.headers["X-Text-Windows"] == str(count)
+
+
+async def test_score_of_a_text_that_fits_is_read_whole(
+    make_client: ClientFactory, bert_engine: FillMaskEngine, bert_dir: Path
+) -> None:
+    text = "the quick brown fox jumps over the lazy dog"
+    count, expected = oracle_pll(bert_dir, text, "original")
+    client = await make_client(engine=bert_engine)
+    response = await client.post("/score", json={"inputs": text, "parameters": {"tokens": True}})
+    body = await post_ok(response)
+    assert count == 1 and body["windows"] == 1 and response.headers["X-Text-Windows"] == "1"
+    assert [t["score"] for t in body["tokens"]] == pytest.approx([score for _, score in expected], abs=TOLERANCE)
+
+
+async def error_of(response: ClientResponse) -> dict[str, Any]:
+    assert response.status == 422, await response.text()
+    body: dict[str, Any] = await response.json()
+    return body
+
+
+def long_input(folder: Path, route: str, words: Sequence[str]) -> str:
+    """The words as a text to send to ``route``: masked at both ends for fill-mask, plain to score."""
+    return masked(folder, words, [0, len(words) - 1]) if route == "/" else " ".join(words)
+
+
+def oracle_count(folder: Path, route: str, text: str) -> str:
+    """How many windows the oracle reads ``text`` in: around its masks, or around every token it scores."""
+    ids, word_ids = encode(folder, text)
+    asked = mask_positions(folder, ids) if route == "/" else range(1, len(ids) - 1)
+    return str(len(oracle_windows(word_ids, [(p, p) for p in asked])))
+
+
+@pytest.mark.parametrize("route", ["/", "/score"])
+async def test_a_text_over_max_text_tokens_is_422_naming_both_numbers(
+    make_client: ClientFactory, bert_dir: Path, route: str
+) -> None:
+    words = words_of_length(bert_dir)
+    text = long_input(bert_dir, route, words)
+    tokens = len(encode(bert_dir, text)[0])
+    client = await make_client(max_text_tokens=200, **SCORE_LIMITS)
+    error = await error_of(await client.post(route, json={"inputs": text}))
+    assert error["error_type"] == "text_too_long"
+    assert f"{tokens} tokens" in error["error"] and "the limit is 200" in error["error"]
+    assert error["field"] == "inputs"
+    # At the limit, a text longer than the model reads is read in windows.
+    under = long_input(bert_dir, route, words[:198])
+    assert len(encode(bert_dir, under)[0]) == 200
+    response = await client.post(route, json={"inputs": under})
+    await post_ok(response)
+    assert response.headers["X-Text-Windows"] == oracle_count(bert_dir, route, under) != "1"
+
+
+@pytest.mark.parametrize("route", ["/", "/score"])
+async def test_long_text_refuse_is_422_naming_both_numbers_and_the_server_serves_on(
+    make_client: ClientFactory, bert_dir: Path, route: str
+) -> None:
+    text = long_input(bert_dir, route, words_of_length(bert_dir))
+    tokens = len(encode(bert_dir, text)[0])
+    client = await make_client(**SCORE_LIMITS)
+    error = await error_of(await client.post(route, json={"inputs": text, "parameters": {"long_text": "refuse"}}))
+    assert error["error_type"] == "text_too_long"
+    assert f"{tokens} tokens" in error["error"] and f"at most {MODEL_LENGTH}" in error["error"]
+    assert "parameters.long_text" in error["error"]
+    # A text that fits is answered, refuse or not; the long one is answered in windows when asked.
+    short = long_input(bert_dir, route, SENTENCES[0].split())
+    response = await client.post(route, json={"inputs": short, "parameters": {"long_text": "refuse"}})
+    await post_ok(response)
+    assert response.headers["X-Text-Windows"] == "1"
+    response = await client.post(route, json={"inputs": text, "parameters": {"long_text": "window"}})
+    await post_ok(response)
+    assert response.headers["X-Text-Windows"] == oracle_count(bert_dir, route, text) != "1"
+
+
+@pytest.mark.parametrize("route", ["/", "/score"])
+@pytest.mark.parametrize("value", ["truncate", "", 1, True, ["window"]])
+async def test_a_bad_long_text_is_422_naming_it(make_client: ClientFactory, route: str, value: Any) -> None:
+    client = await make_client()
+    text = "paris is the [MASK] of france."
+    error = await error_of(await client.post(route, json={"inputs": text, "parameters": {"long_text": value}}))
+    assert error["error_type"] == "invalid_input"
+    assert "parameters.long_text must be one of window, refuse" in error["error"]
+    assert error["field"] == "parameters.long_text"
+    await post_ok(await client.post(route, json={"inputs": text}))
