@@ -577,3 +577,33 @@ async def test_a_bad_long_text_is_422_naming_it(make_client: ClientFactory, rout
     assert "parameters.long_text must be one of window, refuse" in error["error"]
     assert error["field"] == "parameters.long_text"
     await post_ok(await client.post(route, json={"inputs": text}))
+
+
+# -- several texts: each its own count ----------------------------------------------------------
+
+
+async def test_the_header_lists_each_texts_windows_in_order(
+    make_client: ClientFactory, bert_engine: FillMaskEngine, bert_dir: Path
+) -> None:
+    words = words_of_length(bert_dir)
+    long = masked(bert_dir, words, [0, len(words) // 2, len(words) - 1])
+    short = "paris is the [MASK] of france."
+    count, expected = oracle_fill_mask(bert_dir, long)
+    assert count == 3
+    client = await make_client(engine=bert_engine, **SCORE_LIMITS)
+
+    response = await client.post("/", json={"inputs": [long, short], "parameters": {"top_k": TOP_K}})
+    body = await post_ok(response)
+    assert response.headers["X-Text-Windows"] == "3, 1"
+    assert_same_predictions(body[0], expected, tolerance(bert_engine))
+    assert_same_predictions(body[1], per_mask(pipeline(bert_dir)(short, top_k=TOP_K)), tolerance(bert_engine))
+    response = await client.post("/", json={"inputs": [short, long], "parameters": {"top_k": TOP_K}})
+    await post_ok(response)
+    assert response.headers["X-Text-Windows"] == "1, 3"
+
+    plain = " ".join(words)
+    windows, _ = oracle_pll(bert_dir, plain, "original")
+    response = await client.post("/score", json={"inputs": [short, plain]})
+    body = await post_ok(response)
+    assert response.headers["X-Text-Windows"] == f"1, {windows}"
+    assert [text["windows"] for text in body] == [1, windows]
