@@ -43,6 +43,9 @@ def pad_batch(sequences: Sequence[Sequence[int]], pad_token_id: int) -> tuple[np
 # quotes (about 60), a score written in full ("2.2250738585072014e-308"), a token id, and the ", "
 # and brackets between predictions and masks; rounded up.
 PREDICTION_JSON_OVERHEAD = 128
+# How a text is tokenized: its ids alone; and no warning for a text longer than the model reads,
+# which the server reads in windows (tasks/windows.py), never whole.
+ENCODE_OPTIONS: dict[str, Any] = {"return_attention_mask": False, "return_token_type_ids": False, "verbose": False}
 # Texts longer than this many tokens are decoded in segments when filled (spliced_decode.py): below
 # it, decoding the whole text costs about as much as decoding it once in segments does.
 SPLICE_FROM_TOKENS = 256
@@ -149,12 +152,12 @@ class FillMaskEngine:
 
     def encode(self, text: str) -> tuple[int, ...]:
         """Token ids of ``text`` with special tokens, as the pipeline tokenizes it."""
-        ids: list[int] = self.tokenizer(text, return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+        ids: list[int] = self.tokenizer(text, **ENCODE_OPTIONS)["input_ids"]
         return tuple(ids)
 
     def encode_words(self, text: str) -> Words:
         """Token ids of ``text`` with special tokens, and each token's word (None: a special token)."""
-        encoding = self.tokenizer(text, return_attention_mask=False, return_token_type_ids=False)
+        encoding = self.tokenizer(text, **ENCODE_OPTIONS)
         return tuple(encoding["input_ids"]), tuple(encoding.word_ids())
 
     def count_masks(self, input_ids: Sequence[int]) -> int:
