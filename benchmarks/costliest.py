@@ -75,6 +75,39 @@ def costliest_score_body(settings: Settings = DEFAULTS) -> dict[str, Any]:
     return {"inputs": inputs, "parameters": {"metric": "within_word_l2r", "tokens": True}}
 
 
+def costliest_long_body(settings: Settings = DEFAULTS, model_tokens: int = MODEL_TOKENS) -> dict[str, Any]:
+    """The fill-mask body of long texts the limits admit that costs the most: the most windows one
+    request may queue (``--max-queue``), each as long as the model reads.
+
+    Every text is ``--max-text-tokens`` long, of one-letter words (one token each), with the most
+    masks a text may hold, spread so far apart that each takes a window of its own; as many texts
+    as bring the windows to the queue's size. top_k is the largest that keeps the answer, whose
+    every prediction repeats its whole text, within ``--max-response-bytes``.
+    """
+    words = settings.max_text_tokens - 2
+    masks = settings.max_masks_per_text
+    texts = max(1, min(settings.max_inputs, settings.max_queue // masks))
+    every = words // masks
+    # Masks share a window when within half of one of each other: these never do.
+    assert every > model_tokens // 2, "texts too short for a window a mask"
+    # A prediction's JSON: the whole text again (a letter and a space a token), and its keys.
+    prediction_bytes = 2 * words + 200
+    top_k = max(
+        1,
+        min(
+            settings.max_top_k,
+            settings.max_predictions // (texts * masks),
+            settings.max_response_bytes // (texts * masks * prediction_bytes),
+        ),
+    )
+    inputs = []
+    for index in range(texts):
+        letter = LETTERS[index % len(LETTERS)]
+        tokens = ["[MASK]" if i % every == every // 2 and i // every < masks else letter for i in range(words)]
+        inputs.append(" ".join(tokens))
+    return {"inputs": inputs, "parameters": {"top_k": top_k}}
+
+
 def normal_sentences(count: int) -> list[str]:
     from benchmarks.sentences import make_sentences
 

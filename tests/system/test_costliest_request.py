@@ -22,7 +22,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from benchmarks.costliest import Prober, costliest_body, costliest_score_body, post_json
+from benchmarks.costliest import Prober, costliest_body, costliest_long_body, costliest_score_body, post_json
 from benchmarks.sentences import make_sentences
 from maskserve.config.settings import Settings
 from tests.live_server import maskserve_process
@@ -186,6 +186,35 @@ async def test_costliest_scoring_request_ends_in_time_while_fill_mask_clients_ar
         Counter(livez.statuses),
         Counter(readyz.statuses),
     )
+    assert max(livez.latencies_s) < LIVEZ_MAX_S + idle_s, (max(livez.latencies_s), idle_s, seconds)
+
+
+async def test_costliest_long_text_request_ends_in_time_with_livez_fast(tmp_path: Path) -> None:
+    """Texts at --max-text-tokens, each mask its own window, windows filling the queue: admitted,
+    answered within the request timeout (+ its slack), /livez fast throughout."""
+    costly = costliest_long_body()
+    masks = sum(text.count("[MASK]") for text in costly["inputs"])
+    assert masks == DEFAULTS.max_queue  # a window a mask, every queue slot, as built
+    with maskserve_process("--log-level", "warning", log_dir=tmp_path) as server:
+        idle_s = await idle_livez_s(server.url)
+        livez = Prober(server.url, "/livez").start()
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+                status, body, seconds = await post_json(session, server.url + "/", costly)
+                windows = None
+                if status == 200:
+                    answered = await session.post(server.url + "/", json=costly)
+                    windows = answered.headers["X-Text-Windows"]
+                    await answered.read()
+        finally:
+            livez.stop()
+    print(f"figures: the costliest long-text request {seconds:.1f}s, {len(body)} bytes; windows {windows}")
+    assert status == 200, body[:500]
+    assert seconds < DEFAULTS.request_timeout + SCORE_SLACK_S
+    answer = json.loads(body)
+    assert len(answer) == len(costly["inputs"]) and all(len(text) == DEFAULTS.max_masks_per_text for text in answer)
+    assert windows == ", ".join([str(DEFAULTS.max_masks_per_text)] * len(costly["inputs"]))
+    assert set(livez.statuses) == {200}
     assert max(livez.latencies_s) < LIVEZ_MAX_S + idle_s, (max(livez.latencies_s), idle_s, seconds)
 
 
