@@ -41,6 +41,17 @@ async def test_a_success_is_counted_under_its_route_and_model(make_client: Clien
     assert counted(client, "maskserve_queue_wait_seconds_count", model="fill-mask-bert") == 1
 
 
+async def test_each_texts_windows_are_counted_under_its_model(make_client: ClientFactory) -> None:
+    client = await make_client(model_name="fill-mask-bert")
+    # The test model reads 128 tokens: a text of three times that, masks at both ends, takes two windows.
+    long = "the [MASK] sat. " + "the dog ran in the park. " * 60 + "the cat sat on the [MASK]."
+    assert (await client.post("/", json={"inputs": [long, "a [MASK] here."]})).status == 200
+    assert (await client.post("/score", json={"inputs": "a cat here."})).status == 200
+    assert counted(client, "maskserve_text_windows_count", model="fill-mask-bert") == 3
+    assert counted(client, "maskserve_text_windows_sum", model="fill-mask-bert") == 2 + 1 + 1
+    assert counted(client, "maskserve_text_windows_bucket", model="fill-mask-bert", le="1.0") == 2
+
+
 async def test_an_error_is_counted_with_the_status_and_kind_the_client_got(make_client: ClientFactory) -> None:
     client = await make_client()
     assert (await client.post("/", json={"inputs": "a [MASK]", "parameters": {"top_k": 0}})).status == 422

@@ -3,12 +3,18 @@ answers folded back into one answer per text."""
 
 from __future__ import annotations
 
+import asyncio
+
+import aiohttp
+
 from maskserve.config.settings import Settings
 from maskserve.engine import FillMaskEngine
 from maskserve.model_api import text_answer_json
 from maskserve.serving.work_queue import Answer
 from maskserve.tasks.fill_mask import FillMask, FillMaskPlan
 from maskserve.tasks.fill_mask_request import FillMaskRequest, RequestParser
+from tests.conftest import ClientFactory
+from tests.fakes import ControlledModel, default_parts, wait_for_depth, wait_until_entered
 
 TASK = FillMask(RequestParser(Settings()))
 TEXTS = ("the [MASK] is the [MASK] of france.", "paris is a [MASK].")
@@ -65,3 +71,51 @@ def test_a_fold_gives_each_text_one_answer_served_as_its_slowest_row(wordpiece_e
         assert all(len(mask) == 3 for mask in answer.predictions)
     first_masks = folded[0].predictions
     assert any(p["token_str"] == "new city" for mask in first_masks for p in mask)
+
+
+LONG = "the [MASK] sat. " + "the dog ran in the park. " * 60 + "the cat sat on the [MASK]."
+
+
+def test_a_long_text_plans_its_windows_and_folds_them_into_one_answer(bert_engine: FillMaskEngine) -> None:
+    task = FillMask(RequestParser(Settings()))
+    plan = task.plan(FillMaskRequest(texts=(LONG, "a [MASK] b."), batched=True, top_k=2, targets=None), bert_engine)
+    assert plan.windows == (2, 1) and len(plan.queries) == 3
+    # Each window's predictions decode the whole text: the fold's work, off the event loop.
+    assert task.decodes(plan) == 2 * 2 * plan.texts[0].query.n_tokens
+    predictions = bert_engine.predict(plan.queries)
+    answers = [Answer(p, 0.01 * i, 0.0, 3, json=text_answer_json(p)) for i, p in enumerate(predictions)]
+    long, short = task.fold(plan, answers, bert_engine)
+    assert short is answers[2]
+    assert [[p["token"] for p in mask] for mask in long.predictions] == [
+        [p["token"] for p in window[0]] for window in predictions[:2]
+    ]
+    whole = plan.texts[0].query.input_ids
+    first = long.predictions[0][0]
+    assert (
+        first["sequence"] == bert_engine.fill_word(whole, whole.index(bert_engine.mask_token_id), (first["token"],))[1]
+    )
+    assert long.queued_s == 0.01 and long.json == text_answer_json(long.predictions)
+
+
+async def test_an_abandoned_long_text_costs_no_forward_pass(
+    make_client: ClientFactory, bert_engine: FillMaskEngine
+) -> None:
+    model = ControlledModel(bert_engine)
+    client = await make_client(engine=model)
+    batcher = default_parts(client).batcher
+    # The test model reads 128 tokens: masks at both ends of three times that take a window each.
+    model.hold()
+    try:
+        busy = asyncio.create_task(client.post("/", data="a [MASK] b."))
+        await wait_until_entered(model)
+        async with aiohttp.ClientSession() as other:
+            leaver = asyncio.create_task(other.post(client.make_url("/"), data=LONG))
+            await wait_for_depth(batcher, 2)  # its two windows
+            leaver.cancel()
+            await asyncio.gather(leaver, return_exceptions=True)
+    finally:
+        model.release()
+    assert (await busy).status == 200
+    assert (await client.post("/", data="a [MASK] b.")).status == 200
+    assert batcher.drops.abandoned == 2
+    assert sum(len(batch) for batch in model.batches) == 2
