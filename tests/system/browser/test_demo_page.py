@@ -71,6 +71,23 @@ def test_typed_sentence_gets_predictions_drawn_as_bars(open_page: OpenPage, java
     watched.assert_clean()
 
 
+@BOTH_MODES
+def test_a_pasted_text_longer_than_the_model_reads_is_answered_in_windows(
+    open_page: OpenPage, javascript: bool
+) -> None:
+    # The default model reads 512 tokens: a text of about 1,500, a blank near each end.
+    long = "The [MASK] sat on the mat. " + "The dog ran in the park with his friend. " * 150 + "It was a [MASK] day."
+    watched = open_page(javascript=javascript)
+    page = watched.page
+    fill_in(page, long, top_k=3)
+    expect(page.locator("table.guesses")).to_have_count(2)
+    expect(rows(page)).to_have_count(6)
+    expect(page.locator("#filled-sentence mark")).to_have_count(2)
+    expect(page.locator("#windows")).to_have_text("Read in 2 windows")
+    expect(page.locator("#text")).to_have_value(long)
+    watched.assert_clean()
+
+
 def test_busy_state_shows_while_waiting(open_page: OpenPage) -> None:
     watched = open_page(javascript=True)
     page = watched.page
