@@ -22,37 +22,56 @@ from maskserve.api.openapi_components import JSON, ok
 from maskserve.api.operations import fixed
 from maskserve.http.routes import Route
 from maskserve.model_api import FillMaskModel, Query
-from maskserve.request.run_task import read_body, request_media_type, run_task, served_model, timing_headers
+from maskserve.request.run_task import (
+    read_body,
+    request_media_type,
+    run_task,
+    served_model,
+    timing_headers,
+    windows_header,
+)
 from maskserve.serving.work_queue import Answer
+from maskserve.tasks.fill_mask import FillMask, FillMaskPlan
 from maskserve.tasks.fill_mask_request import FillMaskRequest, RequestParser
 
 
 @dataclass(frozen=True)
 class FilledPlan:
-    """Each text, and its one query: every mask, asked for its best guess."""
+    """Each text, and fill-mask's own plan of it: every mask asked for its best guess, the text
+    read whole or, when longer than the model reads, in windows."""
 
     texts: tuple[str, ...]
-    queries: tuple[Query, ...]
+    fill_mask: FillMaskPlan
+
+    @property
+    def queries(self) -> tuple[Query, ...]:
+        return self.fill_mask.queries
+
+    @property
+    def windows(self) -> tuple[int, ...]:
+        return self.fill_mask.windows
 
 
 class Filled:
-    """The task: fill-mask's request and checks, one guess a mask, the guesses written into the text."""
+    """The task: fill-mask's request, checks and rows, one guess a mask, the guesses written into the text."""
 
     def __init__(self, parser: RequestParser) -> None:
-        self.parser = parser
+        self.fill_mask = FillMask(parser)
 
     def tokenizes(self, request: FillMaskRequest) -> int:
-        return sum(len(text) for text in request.texts)
+        return self.fill_mask.tokenizes(request)
 
     def plan(self, request: FillMaskRequest, model: FillMaskModel) -> FilledPlan:
         best = dataclasses.replace(request, top_k=1, targets=None)
-        return FilledPlan(request.texts, tuple(text.query for text in self.parser.plans(best, model)))
+        return FilledPlan(request.texts, self.fill_mask.plan(best, model))
 
     def decodes(self, plan: FilledPlan) -> int:
-        return 0  # each guess comes back decoded; writing them in is string work
+        # A long text's windows fold into its answer (fill-mask's work); writing the guesses in is string work.
+        return self.fill_mask.decodes(plan.fill_mask)
 
     def fold(self, plan: FilledPlan, answers: Sequence[Answer], model: FillMaskModel) -> list[str]:
-        return [filled_text(text, model.mask_token, answer) for text, answer in zip(plan.texts, answers, strict=True)]
+        per_text = self.fill_mask.fold(plan.fill_mask, answers, model)
+        return [filled_text(text, model.mask_token, answer) for text, answer in zip(plan.texts, per_text, strict=True)]
 
 
 def filled_text(text: str, mask_token: str, answer: Answer) -> str:
@@ -72,7 +91,8 @@ async def filled(request: web.Request) -> web.Response:
         return served.parser.parse(await read_body(request), request_media_type(request))
 
     ran = await run_task(request, served, Filled(served.parser), read)
-    return web.json_response([{"filled": text} for text in ran.result], headers=timing_headers(ran.rows))
+    headers = timing_headers(ran.rows) | windows_header(ran.windows)
+    return web.json_response([{"filled": text} for text in ran.result], headers=headers)
 
 
 FILLED_DOC = fixed(
