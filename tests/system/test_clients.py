@@ -8,10 +8,10 @@ it through the clients users really have.
 from __future__ import annotations
 
 import asyncio
-import time
 import json
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
