@@ -328,3 +328,54 @@ def test_the_score_report_s_multiply_adds_are_what_each_side_computes(bert_engin
     assert _linear_multiply_adds(served) == maskserve
     assert _linear_multiply_adds(whole) == minicons
     assert minicons > maskserve
+
+
+def test_the_long_document_is_fixed_and_each_naive_window_is_the_model_s_length_around_its_mask() -> None:
+    from benchmarks.long_texts import MODEL_TOKENS, masked_document, naive_windows, plain_text
+
+    tokenizer = AutoTokenizer.from_pretrained(str(default_model_dir()))
+    document = masked_document(tokenizer, 4000, 20)
+    assert document == masked_document(tokenizer, 4000, 20)
+    assert len(document.input_ids) == 4000 and len(document.masks) == 20
+    assert [document.input_ids[m] for m in document.masks] == [tokenizer.mask_token_id] * 20
+    assert min(b - a for a, b in zip(document.masks, document.masks[1:])) > 0  # spread, one per stretch
+    assert len(tokenizer(plain_text(tokenizer, 2000))["input_ids"]) == 2000
+    windows = naive_windows(document, tokenizer)
+    assert [w.mask for w in windows] == list(document.masks)
+    for window in windows:
+        ids = tokenizer(window.text)["input_ids"]
+        assert len(ids) == MODEL_TOKENS
+        local = window.mask - window.start + 1  # after [CLS]
+        assert ids[local] == tokenizer.mask_token_id
+        assert [i for i, token in enumerate(ids) if token == tokenizer.mask_token_id].index(local) == window.nth
+        # The window is the document's own tokens, centred on the mask where the document allows.
+        assert ids[1:-1] == list(document.input_ids[window.start : window.start + MODEL_TOKENS - 2])
+    assert windows[0].start == 1 and windows[-1].start + MODEL_TOKENS - 2 == 4000 - 1  # clamped at both ends
+    middle = windows[len(windows) // 2]
+    assert middle.mask - middle.start == (MODEL_TOKENS - 2) // 2
+
+
+@pytest.mark.slow
+@pytest.mark.load
+def test_the_long_texts_benchmark_runs_quick_and_reports_its_ratios_and_the_naive_agreement(tmp_path: Path) -> None:
+    import math
+
+    from benchmarks.long_texts import QUICK, render, run
+
+    result = run(QUICK, log_dir=tmp_path)
+    [round_] = result.rounds
+    assert round_.latency is not None and round_.throughput is not None
+    assert (round_.latency.answered, round_.throughput.answered) == (1, 8)
+    assert round_.latency.windows == round_.throughput.windows and int(round_.latency.windows) > 1
+    assert len(round_.latency.tokens) == len(result.naive_tokens) == 20
+    assert math.isfinite(round_.throughput_ratio) and round_.throughput_ratio > 0
+    assert round_.score_long is not None and round_.score_fit is not None
+    assert round_.score_long.windows[0] > 1 and round_.score_fit.windows == [1]
+    assert round_.score_long.padded_tokens > 0 and round_.score_long.forward_s > 0
+    assert all(math.isfinite(round_.score_ratio(what)) for what in ("padded_tokens", "forward_s", "wall_s"))
+    assert result.steps is not None and result.steps.answer_bytes > 0
+    report = render(result, "python -m benchmarks.long_texts --quick")
+    assert "maskserve c=8 / naive loop, documents/s: **" in report and "Agreement with the naive loop:" in report
+    assert "Long / fitting, per scored token:" in report and "AVX-512/AMX flags:" in report
+    assert "python -m benchmarks.long_texts --quick" in report and "--max-masks-per-text 20" in report
+    assert "nan" not in report
