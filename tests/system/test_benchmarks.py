@@ -372,10 +372,12 @@ def test_the_long_texts_benchmark_runs_quick_and_reports_its_ratios_and_the_naiv
     assert round_.score_long is not None and round_.score_fit is not None
     assert round_.score_long.windows[0] > 1 and round_.score_fit.windows == [1]
     assert round_.score_long.padded_tokens > 0 and round_.score_long.forward_s > 0
-    assert all(math.isfinite(round_.score_ratio(what)) for what in ("padded_tokens", "forward_s", "wall_s"))
+    assert all(math.isfinite(round_.score_ratio(what)) for what in ("padded_tokens", "forward_s", "cpu_s", "wall_s"))
+    assert result.work_line[0] > result.work_line[1] > 0  # a 512-token copy is more work than a 250-token one
     assert result.steps is not None and result.steps.answer_bytes > 0
     report = render(result, "python -m benchmarks.long_texts --quick")
     assert "maskserve c=8 / naive loop, documents/s: **" in report and "Agreement with the naive loop:" in report
-    assert "Long / fitting, per scored token:" in report and "AVX-512/AMX flags:" in report
+    assert "Long / fitting, per scored token (target" in report and "AVX-512/AMX flags:" in report
+    assert "the work line: multiply-adds **" in report and "measured: forward time **" in report
     assert "python -m benchmarks.long_texts --quick" in report and "--max-masks-per-text 20" in report
     assert "nan" not in report
