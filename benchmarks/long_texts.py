@@ -1,7 +1,7 @@
 """Texts longer than the model reads, in one run: a long document with many masks, and ``/score``.
 
-    python -m benchmarks.long_texts             # the full run, about 7 minutes on 2 cores
-    python -m benchmarks.long_texts --quick     # tiny counts, for the test: seconds
+    python -m benchmarks.long_texts             # the full run: 3 minutes on 2 quiet cores, 7 on busy ones
+    python -m benchmarks.long_texts --quick     # tiny counts, for the test: about a minute
 
 **Fill-mask.** One fixed document of 4,000 tokens of the default model's tokenizer (sentences.py's
 words, every one a single token, its masks replaced by a word), with 20 masks at fixed spread
