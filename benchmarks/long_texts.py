@@ -15,9 +15,10 @@ top token from maskserve is compared with the naive one (their windows differ: m
 masks, so a mask is not always at its window's centre).
 
 **/score.** A text of 2,000 tokens, read in windows (each scored token is one masked copy of the
-window that holds it), against a text of about 500 tokens that the model reads whole, sent as
-often as it takes to score as many tokens. The server's own ``/metrics`` (scraped before and after
-each) gives the work: padded tokens and inference-thread seconds per scored token.
+window that holds it), against a text of 500 tokens that the model reads whole, sent twice: once
+before the long one and once after it. Per scored token: the work line (multiply-adds from the
+model's shape, as benchmarks.score counts them), and from the server's own ``/metrics`` (scraped
+before and after each) padded tokens, inference-thread seconds and the process's CPU seconds.
 
 One server runs everything, with the limits the load needs (:data:`SERVE_FLAGS`). The systems take
 turns in rounds, the server paused (SIGSTOP) while the naive loop runs in this process, and the
