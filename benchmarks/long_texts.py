@@ -634,7 +634,7 @@ def maskserve_steps(document: Document, model_path: Path) -> tuple[dict[str, flo
     steps["top-k after the forward pass"] = min(after)
     answers = [Answer(p, 0.0, 0.0, len(predictions)) for p in predictions]
     folded = task.fold(plan, answers, engine)
-    steps[f"fold: decode {plan.texts[0].decoded_predictions} sequences of the document, JSON"] = best_of(
+    steps[f"fold: {plan.texts[0].decoded_predictions} sequences of the document (spliced), JSON"] = best_of(
         lambda: task.fold(plan, answers, engine)
     )
     return steps, len(response_body(request, [a.json for a in folded]))
@@ -797,9 +797,11 @@ def steps_section(run_: LongRun) -> list[str]:
     c8_rates = [r.throughput.rate for r in run_.rounds if r.throughput]
     lines += [
         "",
-        f"Of maskserve's own steps, the fold is {100 * fold / own:.0f}% (each prediction's `sequence` is the "
-        f"whole document decoded again: {len(run_.document.masks) * TOP_K} times {len(run_.document.input_ids)} "
-        f"tokens, {steps.answer_bytes / 1e6:.2f} MB of JSON) and the forward pass {100 * forward / own:.0f}%. "
+        f"Of maskserve's own steps, the fold is {100 * fold / own:.0f}% "
+        f"(each of the {len(run_.document.masks) * TOP_K} predictions' `sequence` is the whole "
+        f"{len(run_.document.input_ids)}-token document with its candidate in, "
+        "its mask's segment decoded and spliced into the document decoded once; "
+        f"{steps.answer_bytes / 1e6:.2f} MB of JSON) and the forward pass {100 * forward / own:.0f}%. "
         f"Of a naive call, the masked-LM head over the vocabulary at every row is {100 * head / naive_call:.0f}%; "
         "maskserve runs it at the masks only.",
         "",
