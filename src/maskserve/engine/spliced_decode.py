@@ -22,6 +22,11 @@ CONTEXT = 8
 
 # Token ids to text, as the sequence is decoded (special tokens skipped or kept, pads dropped).
 Decode = Callable[[Sequence[int]], str]
+# How a segment's text meets the next one's in the whole text: how many trailing spaces of the
+# first the whole drops (a clean-up rule that joins a space-led token to the punctuation after it,
+# as in "cat ." to "cat."), then what comes between: nothing or a space. Tried in this order.
+Join = tuple[int, str]
+JOINS: tuple[Join, ...] = ((0, ""), (0, " "), (1, ""))
 
 
 class SplicedText:
@@ -61,22 +66,24 @@ class SplicedText:
             filled.append((cursor, len(self.input_ids)))
         self.bounds = filled
 
-    def _joins(self, whole: str) -> list[str] | None:
-        """What comes between each segment and the next in ``whole`` ("" or a space); None when
-        the segments do not join back into it exactly."""
-        if not self.pieces or not whole.startswith(self.pieces[0]):
+    def _joins(self, whole: str) -> list[Join] | None:
+        """How each segment joins the next in ``whole``; None when the segments do not join back
+        into it exactly."""
+        if not self.pieces:
             return None
-        cursor = len(self.pieces[0])
-        joins: list[str] = []
+        joined = self.pieces[0]
+        joins: list[Join] = []
         for piece in self.pieces[1:]:
-            for join in ("", " "):
-                if whole.startswith(join + piece, cursor):
+            for join in JOINS:
+                candidate = _joined(joined, join, piece)
+                # A trailing space may be the next join's to drop: the rest must match.
+                if whole.startswith(candidate.removesuffix(" ")):
                     joins.append(join)
-                    cursor += len(join) + len(piece)
+                    joined = candidate
                     break
             else:
                 return None
-        return joins if cursor == len(whole) else None
+        return joins if joined == whole else None
 
     def filled(self, position: int, tokens: Sequence[int]) -> str:
         """The text with ``tokens`` in place of the token at ``position`` (one of the positions
@@ -87,7 +94,14 @@ class SplicedText:
         index = self.segment_of[position]
         start, end = self.bounds[index]
         own = self.decode((*ids[start:position], *tokens, *ids[position + 1 : end]))
-        parts = [self.pieces[0] if index else own]
+        text = own if index == 0 else self.pieces[0]
         for i in range(1, len(self.pieces)):
-            parts += [self.joins[i - 1], own if i == index else self.pieces[i]]
-        return "".join(parts)
+            text = _joined(text, self.joins[i - 1], own if i == index else self.pieces[i])
+        return text
+
+
+def _joined(left: str, join: Join, right: str) -> str:
+    trim, separator = join
+    if trim and not left.endswith(" "):
+        return "\0"  # never a prefix of decoded text: this join does not apply
+    return left[: len(left) - trim] + separator + right

@@ -46,7 +46,7 @@ def test_segments_surround_each_position_and_cover_the_text() -> None:
     assert spliced.bounds == [(0, 12), (12, 29), (29, 42), (42, 64), (64, 100)]
     assert spliced.segment_of == {20: 1, 50: 3, 55: 3}
     assert all(start <= p - CONTEXT and p + CONTEXT < end for p, (start, end) in [(20, (12, 29)), (50, (42, 64))])
-    assert spliced.joins == [" "] * 4
+    assert spliced.joins == [(0, " ")] * 4
     assert spliced.filled(50, (-1, -2)) == " ".join(map(str, (*range(50), -1, -2, *range(51, 100))))
 
 
