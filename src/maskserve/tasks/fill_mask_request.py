@@ -172,7 +172,7 @@ class RequestParser(BodyParser[FillMaskRequest]):
             element = f"{request.location}[{index}]" if many else None
             query = self._query(text, element, request, None if targets is None else targets.single, model)
             if targets is not None:
-                self._check_word_lengths(query, targets, element or "the text", model, request.long_text)
+                self._check_word_lengths(query, targets, element or "the text", layout, request.long_text)
             # Only a text read in windows needs its words (a window never cuts one): a second pass
             # of the tokenizer, over long texts alone.
             word_ids = None if fits(query.n_tokens + grows, layout) else model.encode_words(text)[1]
@@ -193,25 +193,24 @@ class RequestParser(BodyParser[FillMaskRequest]):
         return targets
 
     def _check_word_lengths(
-        self, query: Query, targets: Targets, where: str, model: FillMaskModel, long_text: LongText
+        self, query: Query, targets: Targets, where: str, layout: Layout, long_text: LongText
     ) -> None:
         """A whole word of k tokens grows its text's copies by k - 1: the copies are read in windows
         that much narrower, which must still hold half of what the model reads; asked not to
         window, the copies must fit the model whole."""
-        layout = Layout.of(model)
+        longest = layout.inner // 2 + 1
         for name, word in zip(targets.names, targets.words):
             tokens = query.n_tokens + len(word) - 1
-            longest = layout.inner // 2 + 1
             if len(word) > longest:
                 raise TextTooLong(
                     f"the target {name[:40]!r} takes {len(word)} tokens; a whole word may take at most {longest} "
-                    f"(half of the {model.max_tokens} tokens this model reads, so that its copies keep some text)",
+                    f"(half of the {layout.length} tokens this model reads, so that its copies keep some text)",
                     field="parameters.targets",
                 )
-            if long_text == "refuse" and tokens > model.max_tokens:
+            if long_text == "refuse" and not fits(tokens, layout):
                 raise TextTooLong(
                     f"the target {name[:40]!r} takes {len(word)} tokens: in place of a mask, {where} would have "
-                    f"{tokens} tokens; this model reads at most {model.max_tokens}, and parameters.long_text "
+                    f"{tokens} tokens; this model reads at most {layout.length}, and parameters.long_text "
                     '"refuse" asks not to read it in windows',
                     field="parameters.targets",
                 )

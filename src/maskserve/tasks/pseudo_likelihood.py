@@ -74,8 +74,7 @@ def masked_copies(words: Words, mask_token_id: int, metric: Metric, layout: Layo
     if fits(len(input_ids), layout):
         return ScoredText(tuple(_copy(input_ids, mask_token_id, first, last) for first, last in spans))
     # A word longer than half a window (never in real text) is masked as far as a window reaches.
-    reach = layout.inner - 2 * (layout.inner // 4)
-    spans = [(first, min(last, first + reach - 1)) for first, last in spans]
+    spans = [(first, min(last, first + layout.reach - 1)) for first, last in spans]
     placed = windows(word_ids, spans, layout)
     copies = tuple(
         _copy(window.ids(input_ids, layout), mask_token_id, window.local(first, layout), window.local(last, layout))

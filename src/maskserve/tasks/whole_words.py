@@ -157,30 +157,33 @@ def plan_text(
     each read in windows where the model cannot read it whole (``word_ids``, the text's words,
     must be given then)."""
     words = () if targets is None else targets.words
-    if fits(query.n_tokens + max((len(word) - 1 for word in words), default=0), layout):
-        if not words:
-            return TextPlan(query)
-        return TextPlan(query, (), words, *_whole_copies(query.input_ids, mask_token_id, words))
-    if word_ids is None:
-        raise ValueError("a text longer than the model reads is planned without its words; this is a bug")
+    if not words and fits(query.n_tokens, layout):
+        return TextPlan(query)
     positions = tuple(i for i, token in enumerate(query.input_ids) if token == mask_token_id)
     spans = [(position, position) for position in positions]
+
+    def placed(narrow: Layout) -> list[Window]:
+        if word_ids is None:
+            raise ValueError("a text longer than the model reads is planned without its words; this is a bug")
+        return windows(word_ids, spans, narrow)
+
     cut: set[tuple[int, int]] = set()
     reads: tuple[Query, ...] = ()
     # The text's own query is queued unless every target is a whole word: only then are its windows read.
     asks_own = not words or bool(query.target_ids)
     if asks_own and not fits(query.n_tokens, layout):
-        own = windows(word_ids, spans, layout)
+        own = placed(layout)
         cut.update((w.start, w.end) for w in own)
         reads = tuple(_window_query(query, window, layout) for window in own)
-    copies: list[Query] = []
-    # Each mask's window, per length of word: a word of k tokens grows its copies by k - 1.
+    # Each mask's window, per length of word (a word of k tokens grows its copies by k - 1); none
+    # where the copies fit the model whole.
     by_length: dict[int, dict[int, tuple[Window, Layout]]] = {}
-    for length in sorted({len(word) for word in words}):
+    for length in {len(word) for word in words}:
         narrow = layout.narrower(length - 1)
-        placed = windows(word_ids, spans, narrow) if not fits(query.n_tokens + length - 1, layout) else []
-        by_length[length] = {span[0]: (window, narrow) for window in placed for span in window.asked}
-        cut.update((w.start, w.end) for w in placed)
+        around = [] if fits(query.n_tokens + length - 1, layout) else placed(narrow)
+        by_length[length] = {span[0]: (window, narrow) for window in around for span in window.asked}
+        cut.update((w.start, w.end) for w in around)
+    copies: list[Query] = []
     for position in positions:
         for word in words:
             own_window = by_length[len(word)].get(position)
@@ -192,21 +195,7 @@ def plan_text(
             copies.extend(word_copies(ids, mask_token_id, window.local(position, narrow), word))
     # The whole text is one more window when the text's own query reads it whole.
     read_whole = asks_own and not reads
-    return TextPlan(query, reads, words, positions, tuple(copies), windows=len(cut) + read_whole)
-
-
-def _whole_copies(
-    input_ids: Sequence[int], mask_token_id: int, words: Sequence[tuple[int, ...]]
-) -> tuple[tuple[int, ...], tuple[Query, ...]]:
-    """Each mask's position, and the copies of the whole text that score each word on it."""
-    positions = tuple(i for i, token in enumerate(input_ids) if token == mask_token_id)
-    copies = tuple(
-        copy
-        for position in positions
-        for word in words
-        for copy in word_copies(input_ids, mask_token_id, position, word)
-    )
-    return positions, copies
+    return TextPlan(query, reads, words, positions, tuple(copies), windows=max(1, len(cut) + read_whole))
 
 
 def _window_query(query: Query, window: Window, layout: Layout) -> Query:

@@ -42,6 +42,12 @@ class Layout:
         """How many of the text's own tokens one window holds."""
         return self.length - sum(self.around)
 
+    @property
+    def reach(self) -> int:
+        """The most tokens one group of asked positions spans, first to last: what a window holds
+        less a quarter of it on each side, the least context each position sees."""
+        return self.inner - 2 * (self.inner // 4)
+
     @classmethod
     def of(cls, model: FillMaskModel) -> Layout:
         return cls(model.max_tokens, model.specials_around)
@@ -84,10 +90,7 @@ def windows(word_ids: Sequence[int | None], asked: Sequence[tuple[int, int]], la
 
     Each span lies whole in exactly one window; the windows come in text order.
     """
-    width = layout.inner
-    # A quarter of a window of context on each side of a group leaves half a window for the group.
-    margin = width // 4
-    reach = width - 2 * margin
+    width, reach = layout.inner, layout.reach
     lowest, highest = layout.around[0], len(word_ids) - layout.around[1]
     if width < 4:
         raise ValueError(f"a window of {layout.length} tokens holds too few of the text's own; this is a bug")
