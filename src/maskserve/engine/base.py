@@ -75,9 +75,8 @@ def probe_texts(tokenizer: Any) -> list[tuple[int, ...]]:
 
 def specials_around(tokenizer: Any) -> tuple[int, int]:
     """How many special tokens ``tokenizer`` puts before and after a text's own tokens."""
-    plain = dict(return_attention_mask=False, return_token_type_ids=False)
-    inner = tokenizer("hello", add_special_tokens=False, **plain)["input_ids"]
-    whole = tokenizer("hello", **plain)["input_ids"]
+    inner = tokenizer("hello", add_special_tokens=False, **ENCODE_OPTIONS)["input_ids"]
+    whole = tokenizer("hello", **ENCODE_OPTIONS)["input_ids"]
     for before in range(len(whole) - len(inner) + 1):
         if whole[before : before + len(inner)] == inner:
             return before, len(whole) - len(inner) - before
@@ -205,16 +204,8 @@ class FillMaskEngine:
 
     def _splice(self, input_ids: tuple[int, ...]) -> SplicedText:
         """``input_ids`` cut around its masks and decoded once, as :meth:`_filled_sequence` decodes."""
-        single_mask = self.count_masks(input_ids) == 1
         masks = [i for i, token in enumerate(input_ids) if token == self.mask_token_id]
-
-        def decode(ids: Sequence[int]) -> str:
-            text: str = self.tokenizer.decode(
-                [i for i in ids if i != self.pad_token_id], skip_special_tokens=single_mask
-            )
-            return text
-
-        return SplicedText(input_ids, masks, decode)
+        return SplicedText(input_ids, masks, functools.partial(self._decoded, single_mask=len(masks) == 1))
 
     def prediction_bytes(self, input_ids: Sequence[int]) -> int:
         """At most how many bytes one prediction for this text takes in the JSON answer.
@@ -327,8 +318,10 @@ class FillMaskEngine:
         """The text with ``tokens`` in place of the mask at ``position``, decoded as the pipeline
         decodes a filled text: pad tokens stripped after filling, and special tokens (other masks
         among them) kept when the text has several masks."""
-        filled = [*input_ids[:position], *tokens, *input_ids[position + 1 :]]
-        text: str = self.tokenizer.decode(
-            [i for i in filled if i != self.pad_token_id], skip_special_tokens=single_mask
-        )
+        return self._decoded((*input_ids[:position], *tokens, *input_ids[position + 1 :]), single_mask)
+
+    def _decoded(self, ids: Sequence[int], single_mask: bool) -> str:
+        """Token ids as a filled text's ``sequence`` decodes them: pads dropped, special tokens
+        skipped when the text has one mask."""
+        text: str = self.tokenizer.decode([i for i in ids if i != self.pad_token_id], skip_special_tokens=single_mask)
         return text
