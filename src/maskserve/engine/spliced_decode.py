@@ -36,35 +36,22 @@ class SplicedText:
         self.input_ids = tuple(input_ids)
         self.decode = decode
         # (start, end) of each segment, in text order: around each position, and the runs between.
-        self.bounds: list[tuple[int, int]] = []
+        self.bounds = _segments(sorted(positions), len(self.input_ids))
         # The segment each position is filled in, by position.
-        self.segment_of: dict[int, int] = {}
-        for position in sorted(positions):
-            start, end = max(0, position - CONTEXT), min(len(self.input_ids), position + CONTEXT + 1)
-            if self.bounds and start <= self.bounds[-1][1]:  # overlaps the last: one segment for both
-                start = self.bounds.pop()[0]
-            self.bounds.append((start, end))
-            # A later position merged into this segment keeps pointing at it (fixed below).
-        self._fill_gaps()
-        for index, (start, end) in enumerate(self.bounds):
-            for position in positions:
-                if start <= position < end:
-                    self.segment_of[position] = index
+        self.segment_of = {p: i for i, (start, end) in enumerate(self.bounds) for p in positions if start <= p < end}
         self.pieces = [decode(self.input_ids[start:end]) for start, end in self.bounds]
         self.joins = self._joins(decode(self.input_ids))
-
-    def _fill_gaps(self) -> None:
-        """Add the runs of tokens between (and around) the positions' segments as segments of their own."""
-        filled: list[tuple[int, int]] = []
-        cursor = 0
-        for start, end in self.bounds:
-            if start > cursor:
-                filled.append((cursor, start))
-            filled.append((start, end))
-            cursor = end
-        if cursor < len(self.input_ids):
-            filled.append((cursor, len(self.input_ids)))
-        self.bounds = filled
+        # Per segment a position is filled in: the text before it and after it, with their joins
+        # to it, so that a candidate costs its own segment's decoding and one concatenation.
+        self.around: dict[int, tuple[str, str]] = {}
+        if self.joins is not None:
+            for index in set(self.segment_of.values()):
+                before = after = ""
+                for i in range(index):
+                    before = self.pieces[i] if i == 0 else _joined(before, self.joins[i - 1], self.pieces[i])
+                for i in range(index + 1, len(self.pieces)):
+                    after = self.pieces[i] if i == index + 1 else _joined(after, self.joins[i - 1], self.pieces[i])
+                self.around[index] = before, after
 
     def _joins(self, whole: str) -> list[Join] | None:
         """How each segment joins the next in ``whole``; None when the segments do not join back
@@ -89,15 +76,38 @@ class SplicedText:
         """The text with ``tokens`` in place of the token at ``position`` (one of the positions
         it was cut around), decoded as the whole text would be."""
         ids = self.input_ids
-        if self.joins is None or position not in self.segment_of:
+        index = self.segment_of.get(position)
+        if self.joins is None or index is None:
             return self.decode((*ids[:position], *tokens, *ids[position + 1 :]))
-        index = self.segment_of[position]
         start, end = self.bounds[index]
-        own = self.decode((*ids[start:position], *tokens, *ids[position + 1 : end]))
-        text = own if index == 0 else self.pieces[0]
-        for i in range(1, len(self.pieces)):
-            text = _joined(text, self.joins[i - 1], own if i == index else self.pieces[i])
+        text = self.decode((*ids[start:position], *tokens, *ids[position + 1 : end]))
+        before, after = self.around[index]
+        if index > 0:
+            text = _joined(before, self.joins[index - 1], text)
+        if index < len(self.pieces) - 1:
+            text = _joined(text, self.joins[index], after)
         return text
+
+
+def _segments(positions: Sequence[int], length: int) -> list[tuple[int, int]]:
+    """Segments covering ``length`` tokens: each of ``positions`` (sorted) with its context, those
+    that overlap merged, and the runs of tokens between and around them."""
+    around: list[tuple[int, int]] = []
+    for position in positions:
+        start, end = max(0, position - CONTEXT), min(length, position + CONTEXT + 1)
+        if around and start <= around[-1][1]:  # overlaps the last: one segment for both
+            start = around.pop()[0]
+        around.append((start, end))
+    segments: list[tuple[int, int]] = []
+    cursor = 0
+    for start, end in around:
+        if start > cursor:
+            segments.append((cursor, start))
+        segments.append((start, end))
+        cursor = end
+    if cursor < length:
+        segments.append((cursor, length))
+    return segments
 
 
 def _joined(left: str, join: Join, right: str) -> str:
