@@ -15,7 +15,9 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import aiohttp
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient
 
@@ -184,6 +186,18 @@ async def wait_for_depth(batcher: Batcher, depth: int) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"the queue never reached {depth} texts (it holds {batcher.depth})")
+
+
+async def leave_once_queued(
+    client: TestClient[web.Request, web.Application], path: str, rows: int, **request: Any
+) -> None:
+    """POST ``request`` to ``path`` from a client of its own, wait until its ``rows`` wait in the
+    default model's queue, then leave: the connection closes before any answer."""
+    async with aiohttp.ClientSession() as other:
+        leaver = asyncio.create_task(other.post(client.make_url(path), **request))
+        await wait_for_depth(default_parts(client).batcher, rows)
+        leaver.cancel()
+        await asyncio.gather(leaver, return_exceptions=True)
 
 
 @dataclass

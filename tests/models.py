@@ -207,6 +207,10 @@ CORPUS = [
     "the king and the queen walk to the green tree.",
 ] * 20
 
+# A text of three times the test models' length (128 tokens) with a mask near each end: too far
+# apart to share a window, so the model reads it in two.
+LONG_TEXT = "the [MASK] sat. " + "the dog ran in the park. " * 60 + "the cat sat on the [MASK]."
+
 
 def _readable(model: torch.nn.Module, special_ids: list[int]) -> None:
     """Random models favour special tokens (shown as empty strings); push those down."""

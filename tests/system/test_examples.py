@@ -18,6 +18,7 @@ from maskserve.engine import FillMaskEngine
 from maskserve.http.app import SETTINGS_CHECKS, create_app
 from maskserve.http.routes import ROUTES
 from maskserve.middleware.chain import ENTRY_POINT_GROUP
+from tests.models import LONG_TEXT
 from tests.paths import ROOT
 from tests.unit.middleware.test_error_sanitizer import error_of
 
@@ -128,8 +129,7 @@ async def test_the_example_task_fills_each_mask_with_the_best_guess_of_post_root
 ) -> None:
     client = await serve_with(aiohttp_client, bert_engine, (*ROUTES, filled_task.FILLED_ROUTE))
     # The last text is longer than the test model reads (128 tokens): read in windows, as POST / reads it.
-    long = "the [MASK] sat. " + "the dog ran in the park. " * 60 + "the cat sat on the [MASK]."
-    texts = ["paris is the [MASK] of france.", "the [MASK] barked at the [MASK].", long]
+    texts = ["paris is the [MASK] of france.", "the [MASK] barked at the [MASK].", LONG_TEXT]
     response = await client.post("/filled", json={"inputs": texts})
     assert response.status == 200, await response.text()
     assert int(response.headers["X-Batch-Size"]) >= 1 and response.headers["X-Text-Windows"] == "1, 1, 2"

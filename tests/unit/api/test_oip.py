@@ -21,6 +21,7 @@ from tritonclient.utils import InferenceServerException
 from maskserve.request.keys import SERVICE_KEY
 from tests.conftest import ClientFactory
 from tests.fakes import ControlledModel, default_parts, wait_for_depth, wait_until_entered
+from tests.models import LONG_TEXT
 from tests.unit.middleware.test_error_sanitizer import error_of
 
 Client = TestClient[web.Request, web.Application]
@@ -379,16 +380,15 @@ async def test_a_long_text_is_read_in_windows_as_post_reads_it_or_refused_when_a
 ) -> None:
     client = await make_client()
     # The test model reads 128 tokens: masks at both ends of three times that.
-    long = "the [MASK] sat. " + "the dog ran in the park. " * 60 + "the cat sat on the [MASK]."
-    response = await client.post("/v2/models/maskserve/infer", json=infer_body([long, PARIS]))
+    response = await client.post("/v2/models/maskserve/infer", json=infer_body([LONG_TEXT, PARIS]))
     assert response.status == 200, await response.text()
     assert response.headers["X-Text-Windows"] == "2, 1"
     answered = [json.loads(item) for item in (await response.json())["outputs"][0]["data"]]
-    posted = await post_answers(client, [long, PARIS])
+    posted = await post_answers(client, [LONG_TEXT, PARIS])
     # Batched apart, the same rows may round differently in the last bits.
     assert strip_scores(answered) == strip_scores(posted)
     assert scores_of(answered) == pytest.approx(scores_of(posted), abs=1e-6)
-    refused = infer_body([long], parameters={"long_text": "refuse"})
+    refused = infer_body([LONG_TEXT], parameters={"long_text": "refuse"})
     response = await client.post("/v2/models/maskserve/infer", json=refused)
     assert response.status == 422 and "reads at most 128" in (await response.json())["error"]
 

@@ -6,7 +6,6 @@ import asyncio
 from collections.abc import Iterator
 from typing import Any
 
-import aiohttp
 import huggingface_hub
 import pytest
 from aiohttp.test_utils import TestClient
@@ -17,7 +16,7 @@ from maskserve.model_api import Query
 from maskserve.request.keys import SERVICE_KEY
 from maskserve.serving.costs import BatchReport
 from tests.conftest import ClientFactory
-from tests.fakes import ControlledModel, default_parts, wait_for_depth, wait_until_entered
+from tests.fakes import ControlledModel, default_parts, holding, leave_once_queued, wait_until_entered
 
 PARIS = "paris is the [MASK] of france."
 SCORE_TOLERANCE = 1e-5
@@ -305,18 +304,9 @@ async def test_an_abandoned_score_request_costs_no_forward_pass(
     model = ControlledModel(bert_engine)
     client = await make_client(engine=model)
     batcher = default_parts(client).batcher
-    model.hold()
-    try:
-        busy = asyncio.create_task(client.post("/", data="a [MASK] b."))
-        await wait_until_entered(model)
-        async with aiohttp.ClientSession() as other:
-            leaver = asyncio.create_task(other.post(client.make_url("/score"), data="the cat sleeps."))
-            await wait_for_depth(batcher, 4)  # its four copies
-            leaver.cancel()
-            await asyncio.gather(leaver, return_exceptions=True)
-    finally:
-        model.release()
-    assert (await busy).status == 200
+    async with holding(client, model, first="a [MASK] b.") as held:
+        await leave_once_queued(client, "/score", 4, data="the cat sleeps.")  # its four copies
+    assert (await held.busy).status == 200
     assert (await client.post("/", data=PARIS)).status == 200
     assert batcher.drops.abandoned == 4
     assert sum(len(batch) for batch in model.batches) == 2

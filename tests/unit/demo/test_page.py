@@ -17,6 +17,7 @@ from maskserve.http.app import create_app
 from maskserve.model_api import Query
 from tests.conftest import ClientFactory
 from tests.fakes import ControlledModel, EchoModel, default_parts
+from tests.models import LONG_TEXT
 
 PARIS = "paris is the [MASK] of france."
 SCRIPT = "<script>alert(1)</script>[MASK]"
@@ -469,7 +470,7 @@ async def test_an_unknown_model_is_shown_inline_naming_the_served_ones(
 async def test_a_text_longer_than_the_model_reads_is_answered_in_windows(make_client: ClientFactory) -> None:
     # The test model reads 128 tokens: a pasted text of three times that, masks at both ends.
     client = await make_client()
-    text = "the [MASK] sat on the mat. " + "the dog ran in the park. " * 60 + "the cat sat on the [MASK]."
+    text = LONG_TEXT
     api = await client.post("/", json={"inputs": text, "parameters": {"top_k": 2}})
     assert api.status == 200 and api.headers["X-Text-Windows"] == "2"
     response = await client.post("/demo", data={"text": text, "top_k": "2"})

@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestClient
 from maskserve.request.keys import SERVICE_KEY
 from tests.conftest import ClientFactory
 from tests.fakes import ControlledModel, wait_until_entered
+from tests.models import LONG_TEXT
 
 Client = TestClient[web.Request, web.Application]
 
@@ -43,9 +44,7 @@ async def test_a_success_is_counted_under_its_route_and_model(make_client: Clien
 
 async def test_each_texts_windows_are_counted_under_its_model(make_client: ClientFactory) -> None:
     client = await make_client(model_name="fill-mask-bert")
-    # The test model reads 128 tokens: a text of three times that, masks at both ends, takes two windows.
-    long = "the [MASK] sat. " + "the dog ran in the park. " * 60 + "the cat sat on the [MASK]."
-    assert (await client.post("/", json={"inputs": [long, "a [MASK] here."]})).status == 200
+    assert (await client.post("/", json={"inputs": [LONG_TEXT, "a [MASK] here."]})).status == 200
     assert (await client.post("/score", json={"inputs": "a cat here."})).status == 200
     assert counted(client, "maskserve_text_windows_count", model="fill-mask-bert") == 3
     assert counted(client, "maskserve_text_windows_sum", model="fill-mask-bert") == 2 + 1 + 1

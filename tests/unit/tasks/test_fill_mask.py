@@ -3,10 +3,6 @@ answers folded back into one answer per text."""
 
 from __future__ import annotations
 
-import asyncio
-
-import aiohttp
-
 from maskserve.config.settings import Settings
 from maskserve.engine import FillMaskEngine
 from maskserve.model_api import text_answer_json
@@ -14,7 +10,8 @@ from maskserve.serving.work_queue import Answer
 from maskserve.tasks.fill_mask import FillMask, FillMaskPlan
 from maskserve.tasks.fill_mask_request import FillMaskRequest, RequestParser
 from tests.conftest import ClientFactory
-from tests.fakes import ControlledModel, default_parts, wait_for_depth, wait_until_entered
+from tests.fakes import ControlledModel, default_parts, holding, leave_once_queued
+from tests.models import LONG_TEXT
 
 TASK = FillMask(RequestParser(Settings()))
 TEXTS = ("the [MASK] is the [MASK] of france.", "paris is a [MASK].")
@@ -73,12 +70,11 @@ def test_a_fold_gives_each_text_one_answer_served_as_its_slowest_row(wordpiece_e
     assert any(p["token_str"] == "new city" for mask in first_masks for p in mask)
 
 
-LONG = "the [MASK] sat. " + "the dog ran in the park. " * 60 + "the cat sat on the [MASK]."
-
-
 def test_a_long_text_plans_its_windows_and_folds_them_into_one_answer(bert_engine: FillMaskEngine) -> None:
     task = FillMask(RequestParser(Settings()))
-    plan = task.plan(FillMaskRequest(texts=(LONG, "a [MASK] b."), batched=True, top_k=2, targets=None), bert_engine)
+    plan = task.plan(
+        FillMaskRequest(texts=(LONG_TEXT, "a [MASK] b."), batched=True, top_k=2, targets=None), bert_engine
+    )
     assert plan.windows == (2, 1) and len(plan.queries) == 3
     # Each window's predictions decode the whole text: the fold's work, off the event loop.
     assert task.decodes(plan) == 2 * 2 * plan.texts[0].query.n_tokens
@@ -103,19 +99,9 @@ async def test_an_abandoned_long_text_costs_no_forward_pass(
     model = ControlledModel(bert_engine)
     client = await make_client(engine=model)
     batcher = default_parts(client).batcher
-    # The test model reads 128 tokens: masks at both ends of three times that take a window each.
-    model.hold()
-    try:
-        busy = asyncio.create_task(client.post("/", data="a [MASK] b."))
-        await wait_until_entered(model)
-        async with aiohttp.ClientSession() as other:
-            leaver = asyncio.create_task(other.post(client.make_url("/"), data=LONG))
-            await wait_for_depth(batcher, 2)  # its two windows
-            leaver.cancel()
-            await asyncio.gather(leaver, return_exceptions=True)
-    finally:
-        model.release()
-    assert (await busy).status == 200
+    async with holding(client, model, first="a [MASK] b.") as held:
+        await leave_once_queued(client, "/", 2, data=LONG_TEXT)  # its two windows
+    assert (await held.busy).status == 200
     assert (await client.post("/", data="a [MASK] b.")).status == 200
     assert batcher.drops.abandoned == 2
     assert sum(len(batch) for batch in model.batches) == 2

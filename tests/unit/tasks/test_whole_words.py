@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 import torch
 import transformers
@@ -28,7 +27,13 @@ from maskserve.tasks.fill_mask import FillMask
 from maskserve.tasks.whole_words import Targets, plan_text, split_targets, text_predictions, word_copies
 from maskserve.tasks.windows import Layout
 from tests.conftest import ClientFactory, EngineOf
-from tests.fakes import ControlledModel, EchoModel, default_parts, wait_for_depth, wait_until_entered
+from tests.fakes import (
+    ControlledModel,
+    EchoModel,
+    default_parts,
+    holding,
+    leave_once_queued,
+)
 
 # Absolute, in float32: torch runs the model's own kernels; the graph backends' fused kernels sum
 # in another order (as in tests/unit/engine/test_fidelity.py).
@@ -411,18 +416,9 @@ async def test_an_abandoned_whole_word_request_costs_no_forward_pass(
     client = await make_client(engine=model)
     batcher = default_parts(client).batcher
     body = {"inputs": ONE_MASK.format(m="[MASK]"), "parameters": {"targets": ["city", "big dogs"]}}
-    model.hold()
-    try:
-        busy = asyncio.create_task(client.post("/", data="a [MASK] b."))
-        await wait_until_entered(model)
-        async with aiohttp.ClientSession() as other:
-            leaver = asyncio.create_task(other.post(client.make_url("/"), json=body))
-            await wait_for_depth(batcher, 4)  # its own query and the word's three copies
-            leaver.cancel()
-            await asyncio.gather(leaver, return_exceptions=True)
-    finally:
-        model.release()
-    assert (await busy).status == 200
+    async with holding(client, model, first="a [MASK] b.") as held:
+        await leave_once_queued(client, "/", 4, json=body)  # its own query and the word's three copies
+    assert (await held.busy).status == 200
     assert (await client.post("/", data="a [MASK] b.")).status == 200
     assert batcher.drops.abandoned == 4
     assert sum(len(batch) for batch in model.batches) == 2
