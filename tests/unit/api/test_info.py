@@ -28,6 +28,7 @@ async def test_info_describes_model_runtime_settings_and_versions(make_client: C
             max_queue=11,
             request_timeout=2.5,
             stall_timeout=45.0,
+            max_text_tokens=1000,
             model_name="support-bert",
         )
         response = await client.get("/info")
@@ -47,6 +48,8 @@ async def test_info_describes_model_runtime_settings_and_versions(make_client: C
     assert model["quantize"] == "none"
     assert model["backend"] == "torch" and model["export_path"] is None
     assert info["batching"]["max_batch_size"] == 7
+    # The long-text limit, beside the model's own length (windows are cut to the model's).
+    assert (info["limits"]["max_text_tokens"], model["max_tokens"]) == (1000, 128)
     assert info["breaker"] == {
         "max_queue": 11,
         "request_timeout_s": 2.5,
