@@ -20,6 +20,8 @@ from transformers import (
     BertForMaskedLM,
     BertModel,
     BertTokenizerFast,
+    DistilBertConfig,
+    DistilBertForMaskedLM,
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerFast,
@@ -341,4 +343,18 @@ def build_maskless(folder: Path) -> Path:
         special_file.write_text(json.dumps(special), encoding="utf-8")
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     assert tokenizer.mask_token is None and tokenizer.pad_token == "[PAD]", "the mask token survived"
+    return folder
+
+
+def build_distilbert(folder: Path, *, seed: int = 0) -> Path:
+    """A tiny DistilBERT beside the tiny BERT's tokenizer: a layout whose last layer is not BERT's."""
+    build_bert(folder, seed=seed)
+    vocab_size = len((folder / "vocab.txt").read_text(encoding="utf-8").splitlines())
+    for stale in folder.glob("*.safetensors"):
+        stale.unlink()
+    config = DistilBertConfig(vocab_size=vocab_size, dim=32, n_layers=2, n_heads=2, hidden_dim=64)
+    torch.manual_seed(seed)
+    model = DistilBertForMaskedLM(config)
+    _readable(model, [0, 1, 2, 3, 4])
+    model.save_pretrained(folder)
     return folder

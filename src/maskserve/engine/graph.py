@@ -1,10 +1,11 @@
 """What the graph backends (onnxruntime, openvino) share: the engine around a graph, and its loading.
 
-A graph backend runs ``onnx_export``'s graph (logits at the flat mask positions only) on the CPU
-beside one torch thread, which takes the softmax and top-k of a few rows. Its loader refuses what
-it cannot run, then :meth:`GraphLoad.begin` reads the model once through the torch backend's checks
+A graph backend runs ``onnx_export``'s graph (logits at the read positions only) on the CPU beside
+one torch thread, which takes the softmax and top-k of a few rows. Its loader refuses what it
+cannot run, then :meth:`GraphLoad.begin` reads the model once through the torch backend's checks
 and prepares the probe its graph must pass; the backend finds or makes its graph
-(``export_cache.open_or_make``), builds its engine, and :meth:`GraphLoad.finish` times and logs it.
+(``export_cache.open_or_make``) through :func:`with_read_rows`, which tries the graph whose last
+layer reads rows only first, builds its engine, and :meth:`GraphLoad.finish` times and logs it.
 The torch model is dropped once the loader returns: only the graph and the tokenizer stay.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import importlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -22,8 +24,8 @@ import torch
 
 from maskserve.engine.base import FillMaskEngine
 from maskserve.engine.cpu import describe_features
-from maskserve.engine.export_cache import CachedExport
-from maskserve.engine.onnx_export import mask_index
+from maskserve.engine.export_cache import CachedExport, ExportFailed, one_line
+from maskserve.engine.onnx_export import feeds, read_rows_refusal
 from maskserve.engine.pretrained import BackendUnavailable, LoadedModel, default_model_dir, load_pretrained
 from maskserve.engine.probe import Probe
 from maskserve.engine.threads import ThreadPolicy, encoder_flops_per_token
@@ -31,12 +33,35 @@ from maskserve.engine.threads import ThreadPolicy, encoder_flops_per_token
 log = logging.getLogger(__name__)
 
 Engine = TypeVar("Engine", bound="GraphFillMaskEngine")
+Opened = TypeVar("Opened")
 
 
 def require_cpu(backend: str, device: str) -> None:
     """Refuse ``--device cuda``: the graph backends run on the CPU only."""
     if device == "cuda":
         raise BackendUnavailable(f"--backend {backend} runs on the CPU only; use --backend torch for --device cuda")
+
+
+def with_read_rows(
+    load: GraphLoad, make: Callable[[bool], tuple[CachedExport, Opened]]
+) -> tuple[CachedExport, Opened, str]:
+    """``make(read_rows)``'s graph and what ``/info`` says of its last layer ("yes", "no: why").
+
+    The graph whose last layer reads rows only is tried first, where the model's layout has one;
+    ``make`` checks it against the whole model on the probe, at the bound of the precision it
+    runs in. Refused (it disagreed, or could not be made), the whole-layer graph is made instead:
+    slower, never wrong. Each has its own cache key, so neither is ever taken for the other.
+    """
+    refusal = read_rows_refusal(load.loaded.model)
+    if refusal is None:
+        try:
+            export, opened = make(True)
+            return export, opened, "yes"
+        except ExportFailed as exc:
+            refusal = f"its read-rows graph was refused ({one_line(exc)})"
+            log.warning("the last layer at the read rows only: %s; computing it whole", refusal)
+    export, opened = make(False)
+    return export, opened, f"no: {refusal}"
 
 
 @dataclass(frozen=True)
@@ -79,13 +104,16 @@ class GraphLoad:
         probe = Probe(loaded.tokenizer, loaded.model)
         return cls(started, root, threads, loaded, encoder_flops_per_token(loaded.model), probe)
 
-    def finish(self, engine: Engine, runs_on: str, entry: str) -> Engine:
-        """``engine``, timed from the start of its load and announced (``entry``: what the cache holds)."""
+    def finish(self, engine: Engine, runs_on: str, entry: str, read_rows: str) -> Engine:
+        """``engine``, timed from the start of its load and announced (``entry``: what the cache
+        holds; ``read_rows``: whether its last layer reads rows only, from :func:`with_read_rows`)."""
         engine.source = self.loaded.source
+        engine.read_rows_last_layer = read_rows
         engine.load_seconds = time.perf_counter() - self.started
         export = engine.export
         log.info(
-            "model ready in %.2fs on %s (%s %s %s): %s, mask token %s, up to %d tokens, mask-only head: %s",
+            "model ready in %.2fs on %s (%s %s %s): %s, mask token %s, up to %d tokens, mask-only head: %s, "
+            "read-rows last layer: %s",
             engine.load_seconds,
             runs_on,
             "cached" if export.reused else "new",
@@ -95,6 +123,7 @@ class GraphLoad:
             engine.mask_token,
             engine.max_tokens,
             bool(export.meta.get("mask_only_head")),
+            read_rows,
         )
         return engine
 
@@ -104,6 +133,8 @@ class GraphFillMaskEngine(FillMaskEngine):
 
     # How the backend's runtime uses its threads, for /info.
     thread_policy: str
+    # Whether the graph's last layer reads rows only ("yes", or "no: why"), for /info.
+    read_rows_last_layer: str = "no: not loaded through GraphLoad"
 
     def __init__(self, load: GraphLoad, export: CachedExport, *, dtype: str) -> None:
         loaded = load.loaded
@@ -126,10 +157,10 @@ class GraphFillMaskEngine(FillMaskEngine):
         # from the graph runtime's.
         if torch.get_num_threads() != 1:
             torch.set_num_threads(1)
-        return torch.from_numpy(self._run_graph(input_ids, attention_mask, mask_index(input_ids, rows, cols)))
+        return torch.from_numpy(self._run_graph(feeds(input_ids, attention_mask, rows, cols)))
 
-    def _run_graph(self, input_ids: np.ndarray, attention_mask: np.ndarray, index: np.ndarray) -> np.ndarray:
-        """The graph's logits at the flat mask positions ``index``, one row per mask."""
+    def _run_graph(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        """The graph's logits at the read positions of ``inputs`` (onnx_export.feeds), one row each."""
         raise NotImplementedError
 
     def _describe_graph(self) -> dict[str, str | int | float]:
@@ -142,6 +173,7 @@ class GraphFillMaskEngine(FillMaskEngine):
             f"{self.backend}_threads": self.threads.max_threads,
             "thread_policy": self.thread_policy,
             "mask_only_head": "yes" if self.export.meta.get("mask_only_head") else "no",
+            "read_rows_last_layer": self.read_rows_last_layer,
             # The backend is named after its runtime's package.
             f"{self.backend}_version": str(importlib.import_module(self.backend).__version__),
             "export_cache_key": self.export.key,

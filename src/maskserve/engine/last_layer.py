@@ -32,6 +32,11 @@ def _stop_at_last_layer(_module: torch.nn.Module, args: tuple[Any, ...], kwargs:
     raise _LastLayerReached(args[0] if args else kwargs["hidden_states"])
 
 
+def rows_at(hidden: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """``hidden`` (batch, length, width) at each row's ``columns`` (batch, reads): (batch, reads, width)."""
+    return torch.gather(hidden, 1, columns[:, :, None].expand(-1, -1, hidden.shape[-1]))
+
+
 class ReadRowsLastLayer:
     """Runs an encoder with its last layer computed at the read rows only."""
 
@@ -85,22 +90,17 @@ class ReadRowsLastLayer:
         return cls(encoder, last) if known else None
 
     def __call__(
-        self, ids: torch.Tensor, attention: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor
+        self, ids: torch.Tensor, attention: torch.Tensor, columns: torch.Tensor, index: torch.Tensor
     ) -> torch.Tensor:
-        """The encoder's output at ``(rows, cols)``, one row each, in their order."""
-        hidden = self._input_of_last_layer(ids, attention)
-        batch = hidden.shape[0]
-        # Each batch row's read positions, padded to the most any row reads (1 for a scoring
-        # copy; its masks for a fill-mask text), so that attention is one batched call.
-        counts = torch.bincount(rows, minlength=batch)
-        order = torch.argsort(rows, stable=True)
-        firsts = torch.cumsum(counts, 0) - counts
-        slots = torch.empty_like(rows)
-        slots[order] = torch.arange(len(rows), device=rows.device) - firsts[rows[order]]
-        positions = torch.zeros(batch, int(counts.max()), dtype=torch.long, device=rows.device)
-        positions[rows, slots] = cols
-        read = hidden[torch.arange(batch, device=rows.device)[:, None], positions]
+        """The encoder's output at the read positions: ``columns`` and ``index`` of a
+        :class:`~maskserve.engine.read_rows.ReadRows`, one row per asked position, in its order.
 
+        Plain tensor operations only, so that the same code runs eagerly and traces into the
+        exported graphs (onnx_export.MaskLogitsGraph).
+        """
+        hidden = self._input_of_last_layer(ids, attention)
+        read = rows_at(hidden, columns)
+        batch, width = columns.shape
         query = self._heads(self.query(read))
         key = self._heads(self.key(hidden))
         value = self._heads(self.value(hidden))
@@ -108,14 +108,14 @@ class ReadRowsLastLayer:
         context = torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=keep, scale=1.0 / math.sqrt(self.head_size)
         )
-        context = context.transpose(1, 2).reshape(batch, -1, self.heads * self.head_size)
+        context = context.transpose(1, 2).reshape(batch, width, self.heads * self.head_size)
         attended = self.attention_output(context, read)
         output: torch.Tensor = self.output(self.intermediate(attended), attended)
-        return output[rows, slots]
+        return output.reshape(batch * width, -1).index_select(0, index)
 
     def _heads(self, projected: torch.Tensor) -> torch.Tensor:
         batch, length, _ = projected.shape
-        return projected.view(batch, length, self.heads, self.head_size).transpose(1, 2)
+        return projected.reshape(batch, length, self.heads, self.head_size).transpose(1, 2)
 
     def _input_of_last_layer(self, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
         """The hidden states entering the last layer, from the encoder's own forward.

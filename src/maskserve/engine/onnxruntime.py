@@ -8,6 +8,7 @@ are the shared :class:`base.FillMaskEngine`'s; this module only opens and runs t
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from pathlib import Path
@@ -17,8 +18,8 @@ import numpy as np
 
 from maskserve.engine import onnx_export
 from maskserve.engine.export_cache import CachedExport, ExportFailed, one_line, open_or_make
-from maskserve.engine.graph import GraphFillMaskEngine, GraphLoad, require_cpu
-from maskserve.engine.onnx_export import INPUTS, MODEL_FILE, OUTPUT, export_key
+from maskserve.engine.graph import GraphFillMaskEngine, GraphLoad, require_cpu, with_read_rows
+from maskserve.engine.onnx_export import MODEL_FILE, OUTPUT, export_key
 from maskserve.engine.pretrained import BackendUnavailable
 from maskserve.model_api import ModelSpec
 
@@ -63,9 +64,8 @@ def open_session(model_file: Path, threads: int) -> Any:
         raise ExportFailed(f"ONNX Runtime cannot load {model_file}: {one_line(exc)}") from exc
 
 
-def run_graph(session: Any, input_ids: np.ndarray, attention_mask: np.ndarray, mask_index: np.ndarray) -> np.ndarray:
-    feeds = dict(zip(INPUTS, (input_ids, attention_mask, mask_index)))
-    (logits,) = session.run([OUTPUT], feeds)
+def run_graph(session: Any, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    (logits,) = session.run([OUTPUT], inputs)
     result: np.ndarray = logits
     return result
 
@@ -80,8 +80,8 @@ class OnnxFillMaskEngine(GraphFillMaskEngine):
         super().__init__(load, export, dtype="float32")
         self.session = session
 
-    def _run_graph(self, input_ids: np.ndarray, attention_mask: np.ndarray, index: np.ndarray) -> np.ndarray:
-        return run_graph(self.session, input_ids, attention_mask, index)
+    def _run_graph(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        return run_graph(self.session, inputs)
 
     def _describe_graph(self) -> dict[str, str | int | float]:
         fused = self.export.meta.get("fused_operators", {})
@@ -110,24 +110,27 @@ def load_onnx_engine(spec: ModelSpec) -> OnnxFillMaskEngine:
         precision="float32",
         attn_implementation="eager",
     )
-    key, parts = export_key(load.loaded.model)
 
     def open_checked(model_file: Path) -> Any:
         session = open_session(model_file, threads)
-        load.probe.check(lambda *inputs: run_graph(session, *inputs), PROBE_SCORE_TOLERANCE)
+        load.probe.check(lambda inputs: run_graph(session, inputs), PROBE_SCORE_TOLERANCE)
         return session
 
-    export, session = open_or_make(
-        load.loaded.model,
-        load.root,
-        key,
-        parts,
-        open_checked,
-        build=onnx_export.export_graph,
-        model_name=MODEL_FILE,
-        what="ONNX",
-        making=f"exporting {load.loaded.name} to ONNX",
-    )
+    def make(read_rows: bool) -> tuple[CachedExport, Any]:
+        key, parts = export_key(load.loaded.model, read_rows)
+        return open_or_make(
+            load.loaded.model,
+            load.root,
+            key,
+            parts,
+            open_checked,
+            build=functools.partial(onnx_export.export_graph, read_rows=read_rows),
+            model_name=MODEL_FILE,
+            what="ONNX",
+            making=f"exporting {load.loaded.name} to ONNX",
+        )
+
+    export, session, read_rows = with_read_rows(load, make)
     if not export.reused:
         log.info(
             "exported in %.1fs + fused in %.1fs: %s",
@@ -135,4 +138,4 @@ def load_onnx_engine(spec: ModelSpec) -> OnnxFillMaskEngine:
             export.meta["fusion_seconds"],
             export.meta["fused_operators"],
         )
-    return load.finish(OnnxFillMaskEngine(load, export, session), "onnxruntime", "export")
+    return load.finish(OnnxFillMaskEngine(load, export, session), "onnxruntime", "export", read_rows)

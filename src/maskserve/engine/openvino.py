@@ -38,8 +38,7 @@ from maskserve.engine.export_cache import (
     open_cached,
     open_or_make,
 )
-from maskserve.engine.graph import GraphFillMaskEngine, GraphLoad, require_cpu
-from maskserve.engine.onnx_export import INPUTS
+from maskserve.engine.graph import GraphFillMaskEngine, GraphLoad, require_cpu, with_read_rows
 from maskserve.engine.openvino_export import COMPILED_DIR, MODEL_FILE, convert_graph, export_key
 from maskserve.engine.openvino_quantize import Int8Recipe, quantize_graph, quantized_key, recipe_for
 from maskserve.engine.pretrained import BackendUnavailable
@@ -130,8 +129,8 @@ def precision_of(compiled: Any) -> str:
     return str(value.to_string() if hasattr(value, "to_string") else value)
 
 
-def run_graph(request: Any, input_ids: np.ndarray, attention_mask: np.ndarray, mask_index: np.ndarray) -> np.ndarray:
-    result = request.infer(dict(zip(INPUTS, (input_ids, attention_mask, mask_index))))
+def run_graph(request: Any, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    result = request.infer(inputs)
     logits: np.ndarray = result[0]
     return logits
 
@@ -150,8 +149,8 @@ class OpenVinoFillMaskEngine(GraphFillMaskEngine):
         self.request = compiled.create_infer_request()
         self.quantize = quantize
 
-    def _run_graph(self, input_ids: np.ndarray, attention_mask: np.ndarray, index: np.ndarray) -> np.ndarray:
-        return run_graph(self.request, input_ids, attention_mask, index)
+    def _run_graph(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        return run_graph(self.request, inputs)
 
     def _describe_graph(self) -> dict[str, str | int | float]:
         if self.quantize != "int8":
@@ -195,11 +194,14 @@ def _check_quantize(quantize: str, precision: str, dtype: str) -> None:
 class _Graphs:
     """Where a load finds or makes its graph: the float32 one, or the int8 one made from it."""
 
-    def __init__(self, load: GraphLoad, precision: str, int8_recipe: Int8Recipe | None = None) -> None:
+    def __init__(
+        self, load: GraphLoad, precision: str, int8_recipe: Int8Recipe | None = None, *, read_rows: bool
+    ) -> None:
         self.load = load
         self.precision = precision
         self.int8_recipe = int8_recipe
-        self.key, self.parts = export_key(load.loaded.model)
+        self.read_rows = read_rows
+        self.key, self.parts = export_key(load.loaded.model, read_rows)
 
     def open_checked(self, model_file: Path, tolerance: float | None = None, keep_compiled: bool = True) -> Any:
         """The graph compiled in the precision asked for, and checked against torch."""
@@ -210,7 +212,7 @@ class _Graphs:
             raise _not_on_this_cpu(got, precision)
         request = compiled.create_infer_request()
         bound = PROBE_SCORE_TOLERANCE[precision] if tolerance is None else tolerance
-        self.load.probe.check(lambda *inputs: run_graph(request, *inputs), bound)
+        self.load.probe.check(lambda inputs: run_graph(request, inputs), bound)
         return compiled
 
     def open_int8(self, model_file: Path) -> Any:
@@ -227,7 +229,7 @@ class _Graphs:
             self.key,
             self.parts,
             self.open_checked,
-            build=convert_graph,
+            build=functools.partial(convert_graph, read_rows=self.read_rows),
             model_name=MODEL_FILE,
             what="OpenVINO",
             making=f"converting {loaded.name} to OpenVINO",
@@ -250,7 +252,11 @@ class _Graphs:
 
         def build(_model: Any, folder: Path) -> dict[str, Any]:
             done = quantize_graph(float32, folder, loaded.tokenizer, recipe)
-            return {**done, "mask_only_head": float32_export.meta.get("mask_only_head")}
+            return {
+                **done,
+                "mask_only_head": float32_export.meta.get("mask_only_head"),
+                "read_rows_last_layer": self.read_rows,
+            }
 
         made = export_to_cache(
             loaded.model,
@@ -290,7 +296,11 @@ def load_openvino_engine(spec: ModelSpec, *, int8_recipe: Int8Recipe | None = No
         log.warning("--quantize int8 on a CPU without VNNI or AMX: %s", int8_in_effect())
     root = spec.cache_dir / "openvino"
     load = GraphLoad.begin("openvino", spec.model, started=started, root=root, threads=spec.threads, precision=shown)
-    graphs = _Graphs(load, precision, int8_recipe)
-    export, compiled = graphs.int8() if quantize == "int8" else graphs.float32()
+
+    def make(read_rows: bool) -> tuple[CachedExport, Any]:
+        graphs = _Graphs(load, precision, int8_recipe, read_rows=read_rows)
+        return graphs.int8() if quantize == "int8" else graphs.float32()
+
+    export, compiled, read_rows = with_read_rows(load, make)
     engine = OpenVinoFillMaskEngine(load, export, compiled, precision=precision, quantize=quantize)
-    return load.finish(engine, f"openvino {engine.describe()['precision']}", "graph")
+    return load.finish(engine, f"openvino {engine.describe()['precision']}", "graph", read_rows)

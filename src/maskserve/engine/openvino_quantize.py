@@ -41,7 +41,7 @@ import numpy as np
 from maskserve.engine.base import pad_batch
 from maskserve.engine.cpu import int8_fast
 from maskserve.engine.export_cache import key_of
-from maskserve.engine.onnx_export import INPUTS, mask_index
+from maskserve.engine.onnx_export import feeds
 from maskserve.engine.openvino_export import MODEL_FILE
 
 log = logging.getLogger(__name__)
@@ -180,17 +180,20 @@ def calibration_batches(tokenizer: Any) -> list[dict[str, np.ndarray]]:
     for start in range(0, len(encoded), CALIBRATION_BATCH):
         ids, attention = pad_batch(encoded[start : start + CALIBRATION_BATCH], tokenizer.pad_token_id)
         rows, cols = np.nonzero(ids == tokenizer.mask_token_id)
-        batches.append(dict(zip(INPUTS, (ids, attention, mask_index(ids, rows, cols)))))
+        batches.append(feeds(ids, attention, rows, cols))
     return batches
 
 
 def head_matmuls(model: Any) -> list[str]:
-    """The matrix products downstream of the mask gather: the head, which stays float32.
+    """The matrix products downstream of the gather of the asked rows (``read_index``): the head,
+    which stays float32.
 
-    Found by the graph's data flow, not by layer names, so that any architecture's head is.
+    Found by the graph's data flow, not by layer names, so that any architecture's head is. The
+    last layer's products at the read rows come before that gather (they read ``read_columns``)
+    and are quantized like every other layer's.
     """
-    (positions,) = [p for p in model.get_parameters() if "mask_index" in p.output(0).get_names()]
-    downstream = {positions.get_friendly_name()}
+    (asked,) = [p for p in model.get_parameters() if "read_index" in p.output(0).get_names()]
+    downstream = {asked.get_friendly_name()}
     found = []
     for op in model.get_ordered_ops():  # topological order: producers before consumers
         if any(value.get_node().get_friendly_name() in downstream for value in op.input_values()):

@@ -116,6 +116,11 @@ def check_tokenizer(tokenizer: Any, name: str) -> None:
         raise ModelLoadError(f"the tokenizer of {name!r} defines no padding token: it cannot batch")
 
 
+# Heads of several modules that the model applies one after the other, in this order: ELECTRA's
+# generator (a transform, then its projection onto the vocabulary).
+SEQUENTIAL_HEADS = {("generator_predictions", "generator_lm_head")}
+
+
 def split_mlm_head(model: PreTrainedModel) -> tuple[torch.nn.Module, torch.nn.Module] | None:
     """(encoder, MLM head) when the model is exactly those two modules, else None.
 
@@ -124,9 +129,13 @@ def split_mlm_head(model: PreTrainedModel) -> tuple[torch.nn.Module, torch.nn.Mo
     """
     children = dict(model.named_children())
     base = children.pop(model.base_model_prefix, None)
-    if base is None or len(children) != 1:
+    if base is None:
         return None
-    return base, next(iter(children.values()))
+    if len(children) == 1:
+        return base, next(iter(children.values()))
+    if tuple(children) in SEQUENTIAL_HEADS:
+        return base, torch.nn.Sequential(*children.values())
+    return None
 
 
 def max_tokens(config: Any, tokenizer: Any) -> int:

@@ -14,11 +14,35 @@ import torch
 from transformers import PreTrainedModel
 
 from maskserve.engine.base import pad_batch, probe_texts
+from maskserve.engine.cpu import int8_kernels
 from maskserve.engine.export_cache import ExportFailed
-from maskserve.engine.onnx_export import mask_index
+from maskserve.engine.onnx_export import feeds
 
-# (input_ids, attention_mask, flat mask positions) -> logits at the masks, one row per mask.
-RunGraph = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+# How far a shortcut (the read-rows last layer) may move the scores of the whole model in the same
+# precision, on the probe: float32's rounding of another batch shape; for the lower precisions,
+# their own agreement floors with float32 (the bounds their fidelity tests hold the default model
+# to; int8's per class of int8 kernels, cpu.int8_kernels), so a shortcut may round as the precision
+# does, and a broken one (scores unrelated to the model's) is still told apart.
+SHORTCUT_SCORE_BOUNDS = {"float32": 1e-4, "float16": 0.02, "bfloat16": 0.02}
+INT8_SHORTCUT_SCORE_BOUNDS = {"AMX": 0.08, "AVX-512 VNNI": 0.08, "AVX-VNNI": 0.08, "AVX2": 0.03}
+
+
+# And how far, relatively, the read rows' hidden states may move from the whole layer's in a lower
+# precision (the norm of the difference over the row's own norm): as far as its rounding of a
+# layer's sums, or int8's activation ranges taken over other rows, move them; a wrong layer (rows
+# swapped, features shifted or scaled) moves them by half their norm or more.
+SHORTCUT_HIDDEN_BOUNDS = {"float16": 0.05, "bfloat16": 0.05, "int8": 0.1}
+
+
+def shortcut_score_bound(precision: str) -> float:
+    """The bound for a shortcut in ``precision`` ('float32', 'bfloat16', 'float16' or 'int8') on this CPU."""
+    if precision == "int8":
+        return INT8_SHORTCUT_SCORE_BOUNDS[int8_kernels()]
+    return SHORTCUT_SCORE_BOUNDS[precision]
+
+
+# The graph's inputs (onnx_export.feeds) -> logits at the masks, one row per mask.
+RunGraph = Callable[[dict[str, np.ndarray]], np.ndarray]
 
 
 class Probe:
@@ -40,7 +64,7 @@ class Probe:
         largest = 0.0
         for (ids, attention), expected in zip(self.batches, self.expected):
             rows, cols = np.nonzero(ids == self.mask_token_id)
-            got = torch.from_numpy(np.asarray(run(ids, attention, mask_index(ids, rows, cols))))
+            got = torch.from_numpy(np.asarray(run(feeds(ids, attention, rows, cols))))
             if got.shape != expected.shape:
                 raise ExportFailed(f"the exported graph answers shape {tuple(got.shape)}, not {tuple(expected.shape)}")
             worst = float((got.float().softmax(-1) - expected).abs().max())

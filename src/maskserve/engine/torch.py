@@ -23,6 +23,8 @@ from maskserve.engine.pretrained import (
     resolve_dtype,
     split_mlm_head,
 )
+from maskserve.engine.probe import SHORTCUT_HIDDEN_BOUNDS, shortcut_score_bound
+from maskserve.engine.read_rows import ReadRows
 from maskserve.engine.threads import ThreadPolicy, encoder_flops_per_token
 
 log = logging.getLogger(__name__)
@@ -41,8 +43,10 @@ class TorchFillMaskEngine(FillMaskEngine):
         name: str,
         device: torch.device,
         threads: ThreadPolicy | None = None,
+        quantize: str = "none",
     ) -> None:
         self.model = model.eval()  # type: ignore[no-untyped-call]
+        self.quantize = quantize
         super().__init__(
             tokenizer,
             model.config,
@@ -62,14 +66,14 @@ class TorchFillMaskEngine(FillMaskEngine):
             base, head = self._split_head
             self._split_head = (base, Float32Head(head))
             self.float32_head = True
-        self._last_layer = self._find_read_rows_last_layer()
+        self._last_layer, self._read_rows_refusal = self._find_read_rows_last_layer()
 
     def _describe_backend(self) -> dict[str, str | int | float]:
         return {
             "torch_threads": self.threads.max_threads,
             "thread_policy": "one thread for small batches" if self.threads.adaptive else "fixed",
             "mask_only_head": ("yes, in float32" if self.float32_head else "yes") if self._split_head else "no",
-            "read_rows_last_layer": "yes" if self._last_layer else "no",
+            "read_rows_last_layer": "yes" if self._last_layer else f"no: {self._read_rows_refusal}",
         }
 
     def _mask_logits(
@@ -94,10 +98,15 @@ class TorchFillMaskEngine(FillMaskEngine):
     ) -> torch.Tensor:
         ids = torch.from_numpy(input_ids).to(self.device)
         attention = torch.from_numpy(attention_mask).to(self.device)
-        at_rows, at_cols = torch.from_numpy(rows).to(self.device), torch.from_numpy(cols).to(self.device)
         if split is not None and last_layer is not None:
-            read: torch.Tensor = split[1](last_layer(ids, attention, at_rows, at_cols))
+            reads = ReadRows.at(len(input_ids), rows, cols)
+            columns, index = (
+                torch.from_numpy(reads.columns).to(self.device),
+                torch.from_numpy(reads.index).to(self.device),
+            )
+            read: torch.Tensor = split[1](last_layer(ids, attention, columns, index))
             return read
+        at_rows, at_cols = torch.from_numpy(rows).to(self.device), torch.from_numpy(cols).to(self.device)
         if split is not None:
             base, head = split
             hidden = base(input_ids=ids, attention_mask=attention)[0]
@@ -120,26 +129,54 @@ class TorchFillMaskEngine(FillMaskEngine):
             return None
         return split
 
-    def _find_read_rows_last_layer(self) -> ReadRowsLastLayer | None:
+    def _find_read_rows_last_layer(self) -> tuple[ReadRowsLastLayer | None, str]:
         """The last layer at the read rows only, if the encoder has a known layout and it gives
-        the full model's logits on a probe batch (within float32's rounding of a different batch
-        shape; a lower precision rounds further, and keeps the whole last layer).
+        the whole model's scores on a probe batch, within the bound of the precision it runs in
+        (probe.shortcut_score_bound); else None and why not.
         """
-        if self._split_head is None or self.dtype != "float32":
-            return None
+        if self._split_head is None:
+            return None, "the mask-only head is not in use"
         last_layer = ReadRowsLastLayer.find(self._split_head[0])
         if last_layer is None:
-            return None
-        if not self._agrees_on_probe(split=self._split_head, last_layer=last_layer):
+            return None, f"{self.architecture}'s last layer is not of a layout it knows"
+        agrees = self._agrees_on_probe(split=self._split_head, last_layer=last_layer)
+        if not agrees or (self.precision != "float32" and not self._rows_agree(last_layer)):
             log.info("the last layer at the read rows disagrees with the full model; computing it whole")
-            return None
-        return last_layer
+            return None, "it disagreed with the whole model on the probe"
+        return last_layer, ""
+
+    def _rows_agree(self, last_layer: ReadRowsLastLayer) -> bool:
+        """Whether ``last_layer``'s rows are the whole encoder's on a probe batch, each within the
+        precision's relative bound (probe.SHORTCUT_HIDDEN_BOUNDS).
+
+        A lower precision's score bound alone cannot tell a wrong layer on a model whose scores
+        are all small (a tiny or barely trained one): its hidden rows can, whatever the scores.
+        """
+        assert self._split_head is not None
+        ids, attention = self._pad(probe_texts(self.tokenizer))
+        rows, cols = np.nonzero(ids == self.mask_token_id)
+        reads = ReadRows.at(len(ids), rows, cols)
+        at = [torch.from_numpy(a).to(self.device) for a in (ids, attention, reads.columns, reads.index)]
+        with torch.inference_mode():
+            whole = self._split_head[0](input_ids=at[0], attention_mask=at[1])[0]
+            whole = whole[torch.from_numpy(rows).to(self.device), torch.from_numpy(cols).to(self.device)].float()
+            try:
+                read = last_layer(*at).float()
+            except Exception:  # noqa: BLE001 - any failure means: the whole layer
+                return False
+        if read.shape != whole.shape:
+            return False
+        deviation = float(((read - whole).norm(dim=-1) / whole.norm(dim=-1)).max())
+        return deviation <= SHORTCUT_HIDDEN_BOUNDS[self.precision]
 
     def _agrees_on_probe(
         self, *, split: tuple[torch.nn.Module, torch.nn.Module], last_layer: ReadRowsLastLayer | None = None
     ) -> bool:
-        """Whether these shortcuts give the full model's mask logits on a probe batch, within 1e-4;
-        any failure of theirs is a no."""
+        """Whether these shortcuts give the full model's answers on a probe batch; any failure of
+        theirs is a no. In float32, the logits within 1e-4; in a lower precision, the scores within
+        its bound (probe.shortcut_score_bound): it rounds sums differently at another row count,
+        and int8 quantizes each product's activations by the range of the rows it is given.
+        """
         ids, attention = self._pad(probe_texts(self.tokenizer))
         rows, cols = np.nonzero(ids == self.mask_token_id)
         with torch.inference_mode():
@@ -148,7 +185,17 @@ class TorchFillMaskEngine(FillMaskEngine):
                 short = self._torch_mask_logits(ids, attention, rows, cols, split=split, last_layer=last_layer)
             except Exception:  # noqa: BLE001 - any failure means: without the shortcut
                 return False
-        return short.shape == full.shape and torch.allclose(short, full, atol=1e-4)
+        if short.shape != full.shape:
+            return False
+        if self.precision == "float32":
+            return torch.allclose(short, full, atol=1e-4)
+        worst = float((short.float().softmax(-1) - full.float().softmax(-1)).abs().max())
+        return worst <= shortcut_score_bound(self.precision)
+
+    @property
+    def precision(self) -> str:
+        """What the encoder computes in: its dtype, or 'int8' when quantized."""
+        return "int8" if self.quantize == "int8" else self.dtype
 
 
 class Float32Head(torch.nn.Module):
@@ -209,16 +256,19 @@ def load_engine(
             raise ModelLoadError("--quantize int8 runs on the CPU only; use --dtype float16 on CUDA")
         served = quantize_int8(served)
     policy = ThreadPolicy(threads, adaptive_threads, encoder_flops_per_token(served))
-    engine = TorchFillMaskEngine(loaded.tokenizer, served, name=loaded.name, device=target_device, threads=policy)
+    engine = TorchFillMaskEngine(
+        loaded.tokenizer, served, name=loaded.name, device=target_device, threads=policy, quantize=quantize
+    )
     engine.source = loaded.source
     engine.load_seconds = time.perf_counter() - started
     log.info(
-        "model ready in %.2fs: %s%s, mask token %s, up to %d tokens, mask-only head: %s",
+        "model ready in %.2fs: %s%s, mask token %s, up to %d tokens, mask-only head: %s, read-rows last layer: %s",
         engine.load_seconds,
         type(served).__name__,
         " (int8)" if quantize == "int8" else "",
         engine.mask_token,
         engine.max_tokens,
         engine._split_head is not None,
+        engine.describe()["read_rows_last_layer"],
     )
     return engine

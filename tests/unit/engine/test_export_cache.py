@@ -73,10 +73,19 @@ def test_a_changed_config_never_reuses_the_old_graph(graph: Graph, fresh_bert: P
     assert after.export.key != before.export.key and not after.export.reused
 
 
+def test_the_key_says_whether_the_last_layer_reads_rows_only(graph: Graph, fresh_bert: Path) -> None:
+    """The graph with the read-rows last layer and the whole-layer one are two entries, never one."""
+    export_key = importlib.import_module(f"maskserve.engine.{graph.export_module}").export_key
+    model = AutoModelForMaskedLM.from_pretrained(str(fresh_bert))
+    (read, read_parts), (whole, whole_parts) = export_key(model, True), export_key(model, False)
+    assert read != whole
+    assert (read_parts["read_rows_last_layer"], whole_parts["read_rows_last_layer"]) == (True, False)
+
+
 def test_the_key_ignores_where_the_model_was_read_from(graph: Graph, fresh_bert: Path, tmp_path: Path) -> None:
     export_key = importlib.import_module(f"maskserve.engine.{graph.export_module}").export_key
     copy = Path(shutil.copytree(fresh_bert, tmp_path / "elsewhere"))
-    keys = {export_key(AutoModelForMaskedLM.from_pretrained(str(folder)))[0] for folder in (fresh_bert, copy)}
+    keys = {export_key(AutoModelForMaskedLM.from_pretrained(str(folder)), True)[0] for folder in (fresh_bert, copy)}
     assert len(keys) == 1
 
 

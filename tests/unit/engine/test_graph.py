@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import transformers
+from transformers import PreTrainedModel
 
 from maskserve.engine import BackendUnavailable, FillMaskEngine
 from maskserve.model_api import Query
 from tests.conftest import ClientFactory
+from tests.models import build_distilbert
 from tests.unit.engine.conftest import ONNXRUNTIME, OPENVINO, Graph
 
 
@@ -113,3 +117,148 @@ async def test_serves_http_answers_and_info_names_the_backend(
     assert info["versions"][graph.backend]
     metadata = await (await client.get("/v2/models/maskserve")).json()
     assert metadata["platform"] == graph.platform
+
+
+# -- the last layer at the read rows only, inside the graph --------------------------------------
+
+SMALL = {
+    "vocab_size": 120,
+    "hidden_size": 32,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "intermediate_size": 37,
+    "max_position_embeddings": 64,
+}
+# The layouts whose last layer reads rows only (last_layer.ReadRowsLastLayer), as transformers
+# builds them; and a layout it does not know, which keeps the whole last layer.
+KNOWN = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "data2vec-text")
+
+
+def _masked_lm(model_type: str) -> PreTrainedModel:
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(model_type, **SMALL)
+    model: PreTrainedModel = transformers.AutoModelForMaskedLM.from_config(config, attn_implementation="eager")
+    return model.eval()  # type: ignore[no-untyped-call]
+
+
+def _exported(graph: Graph, model: PreTrainedModel, folder: Path, *, read_rows: bool) -> Callable[..., np.ndarray]:
+    """``model``'s graph, exported by ``graph``'s own export code into ``folder`` and opened, as a
+    function of the graph's inputs."""
+    folder.mkdir()
+    if graph is ONNXRUNTIME:
+        from maskserve.engine import onnx_export, onnxruntime
+
+        onnx_export.export_graph(model, folder, read_rows=read_rows)
+        session = onnxruntime.open_session(folder / graph.model_file, 1)
+        return lambda inputs: onnxruntime.run_graph(session, inputs)
+    from maskserve.engine import openvino, openvino_export
+
+    openvino_export.convert_graph(model, folder, read_rows=read_rows)
+    request = openvino.compile_graph(folder / graph.model_file, "f32", 1, keep_compiled=False).create_infer_request()
+    return lambda inputs: openvino.run_graph(request, inputs)
+
+
+def _padded_batch_read_out_of_order(pad: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Three texts, the last two padded, read at several rows each, the rows asked out of order."""
+    generator = np.random.default_rng(1)
+    ids = generator.integers(5, 120, (3, 11))
+    attention = np.ones_like(ids)
+    attention[1, 7:] = 0
+    attention[2, 4:] = 0
+    ids[attention == 0] = pad
+    return ids, attention, np.array([2, 0, 1, 0, 0, 1]), np.array([3, 10, 0, 2, 5, 6])
+
+
+@pytest.mark.parametrize("model_type", KNOWN)
+def test_the_read_rows_graph_equals_the_whole_layer_graph_at_the_read_rows(
+    graph: Graph, model_type: str, tmp_path: Path
+) -> None:
+    from maskserve.engine.onnx_export import feeds, read_rows_refusal
+
+    model = _masked_lm(model_type)
+    assert read_rows_refusal(model) is None
+    ids, attention, rows, cols = _padded_batch_read_out_of_order(int(model.config.pad_token_id or 0))
+    inputs = feeds(ids, attention, rows, cols)
+    read = _exported(graph, model, tmp_path / "read", read_rows=True)(inputs)
+    whole = _exported(graph, model, tmp_path / "whole", read_rows=False)(inputs)
+    with torch.inference_mode():
+        logits = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(attention)).logits
+    expected = logits[torch.from_numpy(rows), torch.from_numpy(cols)].numpy()
+    assert read.shape == whole.shape == (len(rows), SMALL["vocab_size"])
+    np.testing.assert_allclose(read, whole, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(read, expected, atol=1e-4, rtol=0)
+    # Whole-layer rows differ from row to row: a graph that read the wrong rows would fail above.
+    assert np.abs(whole[0] - whole[1]).max() > 1e-2
+
+
+@ONNXRUNTIME.needed
+def test_the_read_rows_graph_computes_the_last_layer_at_the_read_rows_only(tmp_path: Path) -> None:
+    """In the read-rows graph the last layer's products (query, attention, its output, the
+    feed-forward) come after the gather of the read rows, as the head's do; in the whole-layer
+    graph only the head's do. Counted in the fused graph onnxruntime serves."""
+    import onnx
+
+    from maskserve.engine import onnx_export
+
+    def products_after_the_gather(read_rows: bool) -> int:
+        folder = tmp_path / str(read_rows)
+        folder.mkdir()
+        onnx_export.export_graph(_masked_lm("bert"), folder, read_rows=read_rows)
+        nodes = onnx.load(str(folder / ONNXRUNTIME.model_file)).graph.node  # topological order
+        after = {"read_columns"}
+        count = 0
+        for node in nodes:
+            if after & set(node.input):
+                after.update(node.output)
+                count += node.op_type in ("MatMul", "Gemm")
+        return count
+
+    head = products_after_the_gather(read_rows=False)
+    assert head == 2  # the head's transform and decoder
+    # query, scores, context, attention output, feed-forward in and out: six more.
+    assert products_after_the_gather(read_rows=True) == head + 6
+
+
+def test_another_layout_keeps_the_whole_last_layer_and_says_why(graph: Graph, tmp_path: Path) -> None:
+    """DistilBERT's layer is not BERT's: its graph is the whole-layer one, and /info says so."""
+    from maskserve.engine.onnx_export import read_rows_refusal
+
+    folder = build_distilbert(tmp_path / "distilbert")
+    engine = graph.load(folder, tmp_path / "cache")
+    described = engine.describe()
+    assert described["read_rows_last_layer"] == "no: the model is not an encoder and a head apart"
+    assert engine.export.meta["read_rows_last_layer"] is False
+    model = transformers.AutoModelForMaskedLM.from_pretrained(str(folder))
+    assert read_rows_refusal(model) is not None
+    [[predictions]] = engine.predict([Query(engine.encode("paris is the [MASK] of france."), 3)])
+    assert len(predictions) == 3
+
+
+def test_the_saving_is_in_use_and_described(graph: Graph, graph_engine: FillMaskEngine) -> None:
+    assert graph_engine.describe()["read_rows_last_layer"] == "yes"
+    assert graph_engine.export.meta["read_rows_last_layer"] is True  # type: ignore[attr-defined]
+    assert graph_engine.export.meta["parts"]["read_rows_last_layer"] is True  # type: ignore[attr-defined]
+
+
+def test_a_read_rows_graph_that_disagrees_gives_way_to_the_whole_layer_graph(
+    graph: Graph, bert_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-rows graph off by more than the bound is refused, not cached; the whole-layer graph
+    is made, served and cached under its own key, and /info says why."""
+    from maskserve.engine import last_layer
+
+    real = last_layer.ReadRowsLastLayer.__call__
+    monkeypatch.setattr(last_layer.ReadRowsLastLayer, "__call__", lambda self, *args: real(self, *args) * 1.5)
+    engine = graph.load(bert_dir, tmp_path)
+    described = engine.describe()
+    assert str(described["read_rows_last_layer"]).startswith("no: its read-rows graph was refused (")
+    assert "differ from torch's" in str(described["read_rows_last_layer"])
+    assert graph.entries(tmp_path) == [engine.export.key]
+    assert engine.export.meta["parts"]["read_rows_last_layer"] is False
+    # Unpatched, the next start makes the read-rows graph under another key; the two live side by side.
+    monkeypatch.undo()
+    again = graph.load(bert_dir, tmp_path)
+    assert again.describe()["read_rows_last_layer"] == "yes" and not again.export.reused
+    assert again.export.key != engine.export.key
+    assert graph.entries(tmp_path) == sorted([engine.export.key, again.export.key])
+    assert graph.load(bert_dir, tmp_path).export.reused

@@ -12,6 +12,8 @@ import transformers
 
 from maskserve.engine import FillMaskEngine, load_engine
 from maskserve.engine.last_layer import ReadRowsLastLayer
+from maskserve.engine.probe import shortcut_score_bound
+from maskserve.engine.read_rows import ReadRows
 
 SMALL = {
     "vocab_size": 120,
@@ -50,6 +52,11 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return ids, attention, rows, cols
 
 
+def _layout(ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    reads = ReadRows.at(len(ids), rows.numpy(), cols.numpy())
+    return torch.from_numpy(reads.columns), torch.from_numpy(reads.index)
+
+
 @pytest.mark.parametrize("model_type", KNOWN)
 def test_read_rows_equal_the_whole_layers_rows(model_type: str) -> None:
     encoder = _encoder(model_type)
@@ -58,7 +65,7 @@ def test_read_rows_equal_the_whole_layers_rows(model_type: str) -> None:
     ids, attention, rows, cols = _batch()
     with torch.inference_mode():
         whole = encoder(input_ids=ids, attention_mask=attention).last_hidden_state[rows, cols]
-        read = last_layer(ids, attention, rows, cols)
+        read = last_layer(ids, attention, *_layout(ids, rows, cols))
     assert read.shape == whole.shape
     torch.testing.assert_close(read, whole, atol=1e-5, rtol=1e-5)
 
@@ -73,7 +80,7 @@ def test_the_last_layer_computes_only_the_read_rows() -> None:
     layers[-2].intermediate.register_forward_hook(lambda m, i, o: seen.__setitem__("before", tuple(i[0].shape)))
     ids, attention, rows, cols = _batch()
     with torch.inference_mode():
-        last_layer(ids, attention, rows, cols)
+        last_layer(ids, attention, *_layout(ids, rows, cols))
     assert seen["before"] == (3, 11, 32)  # every row of every layer before it
     assert seen["last"] == (3, 3, 32)  # the most any text reads (text 0: three rows)
 
@@ -107,10 +114,31 @@ def test_a_disagreeing_last_layer_is_not_kept(bert_dir: Path, monkeypatch: pytes
     real = ReadRowsLastLayer.__call__
     monkeypatch.setattr(ReadRowsLastLayer, "__call__", lambda self, *args: real(self, *args) + 1e-2)
     engine = load_engine(str(bert_dir), threads=1)
-    assert engine.describe()["read_rows_last_layer"] == "no"
+    assert engine.describe()["read_rows_last_layer"] == "no: it disagreed with the whole model on the probe"
     assert engine.describe()["mask_only_head"] == "yes"
 
 
-def test_bfloat16_keeps_the_whole_last_layer(bert_dir: Path) -> None:
+@pytest.mark.parametrize("options", [{"dtype": "bfloat16"}, {"quantize": "int8"}], ids=["bfloat16", "int8"])
+def test_lower_precisions_read_rows_within_their_bound(bert_dir: Path, options: dict[str, str]) -> None:
+    """bfloat16 and int8 keep the saving: the probe holds them to their own bound against the whole
+    model in the same precision (probe.shortcut_score_bound), not to float32's."""
+    engine = load_engine(str(bert_dir), threads=1, **options)
+    assert engine.describe()["read_rows_last_layer"] == "yes"
+    precision = "int8" if options.get("quantize") == "int8" else "bfloat16"
+    texts = ("the [MASK] of [MASK] .", "a [MASK] in the old house")
+    ids, attention = engine._pad([engine.encode(t) for t in texts])
+    rows, cols = np.nonzero(ids == engine.mask_token_id)
+    with torch.inference_mode():
+        read = engine._mask_logits(ids, attention, rows, cols).float().softmax(-1)
+        whole = engine._torch_mask_logits(ids, attention, rows, cols, split=None).float().softmax(-1)  # type: ignore[attr-defined]
+    assert float((read - whole).abs().max()) <= shortcut_score_bound(precision)
+
+
+def test_a_lower_precision_last_layer_past_its_bound_is_not_kept(
+    bert_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = ReadRowsLastLayer.__call__
+    # Its features shifted by one: a broken layer, which no normalization after it undoes.
+    monkeypatch.setattr(ReadRowsLastLayer, "__call__", lambda self, *args: real(self, *args).roll(1, dims=-1))
     engine = load_engine(str(bert_dir), threads=1, dtype="bfloat16")
-    assert engine.describe()["read_rows_last_layer"] == "no"
+    assert engine.describe()["read_rows_last_layer"] == "no: it disagreed with the whole model on the probe"

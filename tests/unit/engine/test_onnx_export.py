@@ -1,4 +1,4 @@
-"""engine/onnx_export.py: the graph's mask positions, and its ONNX export's failures said in one line."""
+"""engine/onnx_export.py: the graph's inputs, and its ONNX export's failures said in one line."""
 
 from __future__ import annotations
 
@@ -9,16 +9,20 @@ import pytest
 import torch
 
 from maskserve.engine.export_cache import ExportFailed
-from maskserve.engine.onnx_export import mask_index
+from maskserve.engine.onnx_export import INPUTS, feeds
 from tests.models import build_bert
 from tests.unit.engine.conftest import ONNXRUNTIME
 
 
-def test_mask_positions_are_flat_row_major_offsets() -> None:
+def test_the_graph_is_fed_the_batch_and_its_read_positions() -> None:
     ids = np.array([[101, 4, 7, 102], [101, 9, 4, 4]])
+    attention = np.ones_like(ids)
     rows, cols = np.nonzero(ids == 4)
-    assert mask_index(ids, rows, cols).tolist() == [1, 6, 7]
-    assert mask_index(ids, rows, cols).dtype == np.int64
+    inputs = feeds(ids, attention, rows, cols)
+    assert list(inputs) == list(INPUTS)
+    assert inputs["read_columns"].tolist() == [[1, 0], [2, 3]]  # row 0 reads one column, padded
+    assert inputs["read_index"].tolist() == [0, 2, 3]
+    assert all(array.dtype == np.int64 for array in inputs.values())
 
 
 @ONNXRUNTIME.needed

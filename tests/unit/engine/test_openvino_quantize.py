@@ -21,6 +21,7 @@ from benchmarks.masked_sentences import SENTENCES, masked_texts
 from maskserve.config.settings import Settings
 from maskserve.engine import BackendUnavailable, FillMaskEngine, default_model_dir
 from maskserve.engine.cpu import int8_fast, int8_in_effect, int8_kernels
+from maskserve.engine.read_rows import ReadRows
 from maskserve.http.app import load_model
 from maskserve.model_api import ModelSpec, Query
 from tests.conftest import HAS_OPENVINO, NO_OPENVINO, ClientFactory
@@ -177,9 +178,11 @@ def test_calibration_batches_hold_every_text_with_its_masks(bert_dir: Path) -> N
     batches = openvino_quantize.calibration_batches(tokenizer)
     assert sum(len(b["input_ids"]) for b in batches) == len(openvino_quantize.CALIBRATION_TEXTS)
     for batch in batches:
-        ids, mask_index = batch["input_ids"], batch["mask_index"]
+        ids = batch["input_ids"]
+        rows, cols = ReadRows(batch["read_columns"], batch["read_index"]).asked()
         assert len(ids) <= openvino_quantize.CALIBRATION_BATCH
-        assert (ids.reshape(-1)[mask_index] == tokenizer.mask_token_id).all()
+        assert (ids[rows, cols] == tokenizer.mask_token_id).all()
+        assert len(rows) == int((ids == tokenizer.mask_token_id).sum())
         assert (batch["attention_mask"].sum(1) >= 5).all()
     lengths = [b["input_ids"].shape[1] for b in batches]
     assert lengths == sorted(lengths) and lengths[-1] > 3 * lengths[0]  # short and long texts

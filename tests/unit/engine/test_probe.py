@@ -12,6 +12,7 @@ import torch
 from maskserve.engine import FillMaskEngine
 from maskserve.engine.export_cache import ExportFailed
 from maskserve.engine.probe import Probe, RunGraph
+from maskserve.engine.read_rows import ReadRows
 
 
 @pytest.fixture(scope="module")
@@ -23,11 +24,12 @@ def torch_graph(engine: FillMaskEngine, change: Callable[[np.ndarray], np.ndarra
     """The full torch model as a graph would run: logits at the flat mask positions, then ``change``d."""
     model = engine.model  # type: ignore[attr-defined]
 
-    def run(ids: np.ndarray, attention: np.ndarray, mask_index: np.ndarray) -> np.ndarray:
+    def run(inputs: dict[str, np.ndarray]) -> np.ndarray:
+        ids, attention = inputs["input_ids"], inputs["attention_mask"]
+        rows, cols = ReadRows(inputs["read_columns"], inputs["read_index"]).asked()
         with torch.inference_mode():
             logits = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(attention)).logits
-        flat = logits.reshape(-1, logits.shape[-1])[torch.from_numpy(mask_index)]
-        return change(flat.numpy())
+        return change(logits[torch.from_numpy(rows), torch.from_numpy(cols)].numpy())
 
     return run
 
@@ -47,18 +49,19 @@ def test_torch_itself_passes_with_no_difference(probe: Probe, bert_engine: FillM
     assert probe.check(torch_graph(bert_engine), tolerance=1e-6) <= 1e-6
 
 
-def test_the_graph_is_given_the_flat_positions_of_the_masks(probe: Probe, bert_engine: FillMaskEngine) -> None:
-    seen: list[np.ndarray] = []
+def test_the_graph_is_given_the_positions_of_the_masks(probe: Probe, bert_engine: FillMaskEngine) -> None:
+    seen: list[dict[str, np.ndarray]] = []
     graph = torch_graph(bert_engine)
 
-    def run(ids: np.ndarray, attention: np.ndarray, mask_index: np.ndarray) -> np.ndarray:
-        seen.append(mask_index)
-        return graph(ids, attention, mask_index)
+    def run(inputs: dict[str, np.ndarray]) -> np.ndarray:
+        seen.append(inputs)
+        return graph(inputs)
 
     probe.check(run, tolerance=1e-6)
-    for (ids, _), index in zip(probe.batches, seen, strict=True):
-        assert (ids.reshape(-1)[index] == bert_engine.mask_token_id).all()
-        assert len(index) == int((ids == bert_engine.mask_token_id).sum())
+    for (ids, _), inputs in zip(probe.batches, seen, strict=True):
+        rows, cols = ReadRows(inputs["read_columns"], inputs["read_index"]).asked()
+        assert (ids[rows, cols] == bert_engine.mask_token_id).all()
+        assert len(rows) == int((ids == bert_engine.mask_token_id).sum())
 
 
 def test_a_graph_whose_scores_disagree_is_refused(probe: Probe, bert_engine: FillMaskEngine) -> None:
