@@ -381,3 +381,29 @@ def test_the_long_texts_benchmark_runs_quick_and_reports_its_ratios_and_the_naiv
     assert "the work line: multiply-adds **" in report and "measured: forward time **" in report
     assert "python -m benchmarks.long_texts --quick" in report and "--max-masks-per-text 20" in report
     assert "nan" not in report
+
+
+def test_the_read_rows_benchmark_compares_each_variant_with_its_whole_last_layer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """benchmarks/read_rows.py on the default model: a row per variant and workload, the saving in
+    use on one side only, the answers within float32's rounding of each other."""
+    from benchmarks import read_rows
+
+    monkeypatch.setattr(read_rows, "EXPORT_CACHE", tmp_path / "cache")
+    out = tmp_path / "read-rows.md"
+    argv = ["--models", "default", "--variants", "torch,onnxruntime", "--sentences", "8", "--score-sentences", "2"]
+    assert read_rows.main([*argv, "--rounds", "1", "--out", str(out)]) == 0
+    report = out.read_text(encoding="utf-8")
+    rows = [line.split(" | ") for line in report.splitlines() if line.startswith("| torch float32 |")]
+    rows += [line.split(" | ") for line in report.splitlines() if line.startswith("| onnxruntime float32 |")]
+    assert [(row[0], row[1]) for row in rows] == [
+        ("| torch float32", "fill-mask"),
+        ("| torch float32", "/score"),
+        ("| onnxruntime float32", "fill-mask"),
+        ("| onnxruntime float32", "/score"),
+    ]
+    for row in rows:
+        assert float(row[5].split("×")[0]) > 0
+        assert float(row[-1].rstrip(" |")) <= 1e-4  # float32 with and without: the same answers
+    assert "CPU matrix features" in report and "python -m benchmarks.read_rows --models default" in report

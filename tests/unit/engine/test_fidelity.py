@@ -100,6 +100,9 @@ def query(engine: FillMaskEngine, text: str, top_k: int, targets: Sequence[str] 
 
 
 def check_mixed_batch_matches_pipeline(engine: FillMaskEngine, pipe: Any) -> None:
+    # Every backend answers through its last layer at the read rows only (last_layer.py, and in
+    # the exported graphs): the pipeline's answers are what that saving must keep.
+    assert engine.describe()["read_rows_last_layer"] == "yes"
     tolerance = SCORE_TOLERANCE[engine.backend]
     all_cases = cases(engine)
     lengths = {len(engine.encode(text)) for text, _, _ in all_cases}

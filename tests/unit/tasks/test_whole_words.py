@@ -198,6 +198,7 @@ async def test_whole_words_equal_the_chain_rule_and_single_tokens_the_pipeline(
     make_client: ClientFactory, engine_of: EngineOf, backend: str, request: pytest.FixtureRequest, model: str
 ) -> None:
     engine = engine_of(model)
+    assert engine.describe()["read_rows_last_layer"] == "yes"
     folder: Path = request.getfixturevalue(f"{model}_dir")
     singles, words = TARGETS[model]
     assert all(len(word_ids(folder, w)) > 1 for w in words), "a test word is one token: it would prove nothing"
