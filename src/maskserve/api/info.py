@@ -48,7 +48,8 @@ def model_section(model: FillMaskModel | None, name: str) -> Section | None:
         "int8_recipe": description.get("int8_recipe"),
         "torch_threads": description.get("torch_threads"),
         "mask_only_head": description.get("mask_only_head"),
-        # torch: whether the last encoder layer runs at the rows the head reads only.
+        # Whether the last encoder layer runs at the rows the head reads only, on every backend:
+        # "yes", or "no: " and why not (another layout, a precision or graph its probe refused).
         "read_rows_last_layer": description.get("read_rows_last_layer"),
         # The onnxruntime and openvino backends' own (null on torch): threads, and the graph run.
         "onnxruntime_threads": description.get("onnxruntime_threads"),

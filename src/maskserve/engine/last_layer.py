@@ -6,10 +6,13 @@ and values still need every row (the read rows attend to them), but its queries,
 feed-forward and norms need only the read rows. In a 12-layer encoder that is most of a twelfth
 of the work; in a 2-layer one, most of a half.
 
-This knows the post-norm layer of BERT and its descendants (RoBERTa, XLM-R, ELECTRA, CamemBERT):
-a layer with ``attention.self.{query,key,value}``, ``attention.output``, ``intermediate`` and
-``output``. Other layouts get ``None`` from :meth:`ReadRowsLastLayer.find`, and a backend keeps
-one that is found only if it gives the full model's logits on a probe batch.
+This knows the post-norm layer of BERT and its descendants (RoBERTa, XLM-R, ELECTRA, CamemBERT,
+Data2VecText): a layer with ``attention.self.{query,key,value}``, ``attention.output``,
+``intermediate`` and ``output``. Other layouts get ``None`` from :meth:`ReadRowsLastLayer.find`.
+The torch backend runs it eagerly; the graph backends trace it into their graph
+(onnx_export.MaskLogitsGraph), so it is written in plain tensor operations that export. Either
+keeps it only if it gives the whole model's answers on a probe batch, within the bound of the
+precision it runs in (probe.py).
 """
 
 from __future__ import annotations

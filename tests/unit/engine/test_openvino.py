@@ -48,6 +48,7 @@ def test_bfloat16_compiles_the_same_graph_and_says_what_runs_it(ov_bert_engine: 
     assert engine.dtype == "bfloat16"
     assert ov_engine.precision_of(engine.compiled) == "bf16"
     assert engine.describe()["precision"] in ("bfloat16 on AMX", "bfloat16 on AVX-512 BF16")
+    assert engine.describe()["read_rows_last_layer"] == "yes"
 
 
 @pytest.mark.skipif(not native_bf16(), reason=NO_NATIVE_BF16)

@@ -83,6 +83,9 @@ def test_the_encoder_is_int8_and_the_head_float32(recipe: str, tmp_path: Path) -
     chosen = openvino_quantize.VNNI_RECIPE if recipe == "vnni" else openvino_quantize.AVX2_RECIPE
     engine = load_int8(None, tmp_path, int8_recipe=chosen)
     assert engine.export.meta["parts"]["recipe"]["name"] == recipe
+    # Quantized from the read-rows graph: the last layer's products at the read rows are int8 too.
+    assert engine.describe()["read_rows_last_layer"] == "yes"
+    assert engine.export.meta["parts"]["read_rows_last_layer"] is True
     model = served_graph(engine)
     quantized, plain = quantized_ops(model)
     head = set(openvino_quantize.head_matmuls(model))
