@@ -107,10 +107,13 @@ class ReadRowsLastLayer:
         query = self._heads(self.query(read))
         key = self._heads(self.key(hidden))
         value = self._heads(self.value(hidden))
-        keep = attention.bool()[:, None, None, :]  # padding is attended by no row
-        context = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=keep, scale=1.0 / math.sqrt(self.head_size)
-        )
+        # Attention written out, with an additive mask as the encoder's eager layers build it:
+        # every exporter and runtime translates these operations alike (a boolean mask given to a
+        # fused attention was turned into NaN by one OpenVINO release), and at a few read rows
+        # a fused kernel would save nothing.
+        scores = torch.matmul(query, key.transpose(-1, -2)) / math.sqrt(self.head_size)
+        padding = (1.0 - attention[:, None, None, :].to(scores.dtype)) * torch.finfo(scores.dtype).min
+        context = torch.matmul((scores + padding).softmax(dim=-1), value)
         context = context.transpose(1, 2).reshape(batch, width, self.heads * self.head_size)
         attended = self.attention_output(context, read)
         output: torch.Tensor = self.output(self.intermediate(attended), attended)
