@@ -211,6 +211,19 @@ CORPUS = [
 
 # A text of three times the test models' length (128 tokens) with a mask near each end: too far
 # apart to share a window, so the model reads it in two.
+# A small shape every encoder type of transformers accepts, for tests that build one from its
+# config alone (no tokenizer): three layers, so that a last layer has layers before it.
+SMALL_ENCODER = {
+    "vocab_size": 120,
+    "hidden_size": 32,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "intermediate_size": 37,
+    "max_position_embeddings": 64,
+}
+# Encoders whose last layer has BERT's post-norm layout, which every backend computes at the read
+# rows only (engine/last_layer.py), as transformers builds them.
+READ_ROWS_LAYOUTS = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "data2vec-text")
 LONG_TEXT = "the [MASK] sat. " + "the dog ran in the park. " * 60 + "the cat sat on the [MASK]."
 
 

@@ -22,7 +22,7 @@ from transformers import PreTrainedModel
 from maskserve.engine import BackendUnavailable, FillMaskEngine
 from maskserve.model_api import Query
 from tests.conftest import ClientFactory
-from tests.models import build_distilbert
+from tests.models import READ_ROWS_LAYOUTS, SMALL_ENCODER, build_distilbert
 from tests.unit.engine.conftest import ONNXRUNTIME, OPENVINO, Graph
 
 
@@ -121,22 +121,10 @@ async def test_serves_http_answers_and_info_names_the_backend(
 
 # -- the last layer at the read rows only, inside the graph --------------------------------------
 
-SMALL = {
-    "vocab_size": 120,
-    "hidden_size": 32,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "intermediate_size": 37,
-    "max_position_embeddings": 64,
-}
-# The layouts whose last layer reads rows only (last_layer.ReadRowsLastLayer), as transformers
-# builds them; and a layout it does not know, which keeps the whole last layer.
-KNOWN = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "data2vec-text")
-
 
 def _masked_lm(model_type: str) -> PreTrainedModel:
     torch.manual_seed(0)
-    config = transformers.AutoConfig.for_model(model_type, **SMALL)
+    config = transformers.AutoConfig.for_model(model_type, **SMALL_ENCODER)
     model: PreTrainedModel = transformers.AutoModelForMaskedLM.from_config(config, attn_implementation="eager")
     return model.eval()  # type: ignore[no-untyped-call]
 
@@ -169,7 +157,7 @@ def _padded_batch_read_out_of_order(pad: int) -> tuple[np.ndarray, np.ndarray, n
     return ids, attention, np.array([2, 0, 1, 0, 0, 1]), np.array([3, 10, 0, 2, 5, 6])
 
 
-@pytest.mark.parametrize("model_type", KNOWN)
+@pytest.mark.parametrize("model_type", READ_ROWS_LAYOUTS)
 def test_the_read_rows_graph_equals_the_whole_layer_graph_at_the_read_rows(
     graph: Graph, model_type: str, tmp_path: Path
 ) -> None:
@@ -184,7 +172,7 @@ def test_the_read_rows_graph_equals_the_whole_layer_graph_at_the_read_rows(
     with torch.inference_mode():
         logits = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(attention)).logits
     expected = logits[torch.from_numpy(rows), torch.from_numpy(cols)].numpy()
-    assert read.shape == whole.shape == (len(rows), SMALL["vocab_size"])
+    assert read.shape == whole.shape == (len(rows), SMALL_ENCODER["vocab_size"])
     np.testing.assert_allclose(read, whole, atol=1e-4, rtol=0)
     np.testing.assert_allclose(read, expected, atol=1e-4, rtol=0)
     # Whole-layer rows differ from row to row: a graph that read the wrong rows would fail above.

@@ -14,17 +14,8 @@ from maskserve.engine import FillMaskEngine, load_engine
 from maskserve.engine.last_layer import ReadRowsLastLayer
 from maskserve.engine.probe import shortcut_score_bound
 from maskserve.engine.read_rows import ReadRows
+from tests.models import READ_ROWS_LAYOUTS, SMALL_ENCODER
 
-SMALL = {
-    "vocab_size": 120,
-    "hidden_size": 32,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "intermediate_size": 37,
-    "max_position_embeddings": 64,
-}
-# Encoders whose last layer has BERT's post-norm layout, as transformers builds them.
-KNOWN = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "data2vec-text")
 # Layouts it must not claim: their layers compute something else (other module names, shared
 # layers, relative attention, pre-norm, an attention of another kind).
 OTHERS = ("distilbert", "albert", "megatron-bert", "mpnet", "xlm-roberta-xl", "nystromformer")
@@ -32,7 +23,7 @@ OTHERS = ("distilbert", "albert", "megatron-bert", "mpnet", "xlm-roberta-xl", "n
 
 def _encoder(model_type: str, **config: Any) -> torch.nn.Module:
     torch.manual_seed(0)
-    options = {**SMALL, **config}
+    options = {**SMALL_ENCODER, **config}
     if model_type == "distilbert":
         options = {"vocab_size": 120, "dim": 32, "n_layers": 3, "n_heads": 4, "hidden_dim": 37}
     built = transformers.AutoConfig.for_model(model_type, **options)
@@ -57,7 +48,7 @@ def _layout(ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> tuple[
     return torch.from_numpy(reads.columns), torch.from_numpy(reads.index)
 
 
-@pytest.mark.parametrize("model_type", KNOWN)
+@pytest.mark.parametrize("model_type", READ_ROWS_LAYOUTS)
 def test_read_rows_equal_the_whole_layers_rows(model_type: str) -> None:
     encoder = _encoder(model_type)
     last_layer = ReadRowsLastLayer.find(encoder)
