@@ -13,7 +13,7 @@ import aiohttp
 from aiohttp import web
 
 from maskserve import __version__
-from maskserve.config.bounds import followed
+from maskserve.config.bounds import followed, following
 from maskserve.config.settings import Settings
 from maskserve.model_api import FillMaskModel, describe_model
 from maskserve.request.keys import service_of
@@ -77,9 +77,20 @@ def limits_section(settings: Settings) -> Section:
         "max_top_k": settings.max_top_k,
         "max_targets": settings.max_targets,
         "default_top_k": settings.default_top_k,
+        "max_masks_per_text": settings.max_masks_per_text,
+        "max_predictions": settings.max_predictions,
         "max_score_tokens": settings.max_score_tokens,
         "max_word_copies": settings.max_word_copies,
+        "max_response_bytes": settings.max_response_bytes,
     }
+
+
+def model_limits_section(settings: Settings, model: FillMaskModel | None) -> Section:
+    """The limits, and what they come to on this model: the most masks its longest text may hold."""
+    section = limits_section(settings)
+    if model is not None:
+        section["max_masks_per_longest_text"] = settings.masks_allowed(settings.max_text_tokens, model.max_tokens)
+    return section
 
 
 def followed_section(settings: Settings) -> Section:
@@ -94,7 +105,8 @@ def models_list(served: Sequence[tuple[str, Settings, FillMaskModel | None]]) ->
         section = model_section(model, name) or {"name": name}
         entry: ModelEntry = {**section, "quantize": settings.quantize, "max_queue": settings.max_queue}
         entry["batching"] = batching_section(settings)
-        entry["limits"] = limits_section(settings)
+        entry["limits"] = model_limits_section(settings, model)
+        entry["defaults_follow"] = dict(following(settings))
         entry["defaults_followed"] = followed_section(settings)
         entries.append(entry)
     return entries
@@ -135,7 +147,10 @@ def server_info(
             "max_connections": settings.max_connections,
             "max_unsent_bytes": settings.max_unsent_bytes,
         },
-        "limits": limits_section(settings),
+        "limits": model_limits_section(settings, model),
+        # How each default the user left alone follows another limit, or the text's length
+        # ({"max_score_tokens": "max_text_tokens", ...}).
+        "defaults_follow": dict(following(settings)),
         # Each limit the user left alone whose default moved to fit one they set, and that setting
         # (--max-queue 8: {"max_inputs": "max_queue", ...}); the values are in the sections above.
         "defaults_followed": followed_section(settings),

@@ -1,5 +1,6 @@
-"""How the limits fit each other: a default that follows the limit a user sets, and the pairs of
-values that contradict (start-up refuses those, naming both)."""
+"""How the limits fit each other: defaults that follow another limit, a default that moves to fit
+the limit a user sets, and the pairs of values that contradict (start-up refuses those, naming
+both)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,36 @@ class Bound:
     upper: str
     why: str
 
+
+@dataclass(frozen=True)
+class Follow:
+    """A limit whose default is ``times`` another limit's value, and why: a user who sets ``source``
+    moves ``name`` with it, unless they set ``name`` too."""
+
+    name: str
+    source: str
+    times: int
+    why: str
+
+
+FOLLOWS: tuple[Follow, ...] = (
+    Follow(
+        "max_text_chars",
+        "max_text_tokens",
+        8,
+        "eight characters a token (English prose takes four or five), so that the token limit is what a long "
+        "text meets",
+    ),
+    Follow(
+        "max_score_tokens",
+        "max_text_tokens",
+        1,
+        "a text longer than the model is scored window by window, each copy at most the model's length, so its "
+        "cost grows with its length alone: a text that may be read may be scored, within the request timeout",
+    ),
+)
+# A followed limit follows a limit that follows nothing: one pass sets them all.
+assert not {f.source for f in FOLLOWS} & {f.name for f in FOLLOWS}, "a chain of follows: this is a bug"
 
 BOUNDS: tuple[Bound, ...] = (
     Bound(
@@ -56,18 +87,27 @@ assert not {b.lower for b in BOUNDS} & {b.upper for b in BOUNDS}, "a limit both 
 
 
 def settings_from(given: Mapping[str, Any]) -> Settings:
-    """The settings the user ``given`` (values by name, already parsed), the rest at their defaults,
-    each default bounded by a user's value moved to fit it (:data:`BOUNDS`).
+    """The settings the user ``given`` (values by name, already parsed), the rest at their defaults:
+    each followed default at its multiple of its source (:data:`FOLLOWS`), then each default bounded
+    by a user's value moved to fit it (:data:`BOUNDS`).
 
-    An upper limit the user left alone rises to the largest lower one they set (``--max-inputs 300``
-    raises the queue to 300); then a lower limit left alone takes the largest value its uppers allow
-    (``--max-queue 8`` brings ``--max-inputs``, ``--max-score-tokens`` and ``--max-word-copies`` to 8).
-    ``max_batch_delay`` and ``request_timeout`` never move: the timeout is the wait promised to every
-    client, not a capacity, and the delay's default (0) fits every timeout.
+    ``--max-text-tokens 8192`` brings ``--max-score-tokens`` to 8192 and ``--max-text-chars`` to
+    65536. An upper limit the user left alone rises to the largest lower one they set, or that
+    follows one they set (``--max-inputs 5000`` raises the queue to 5000); then a lower limit left
+    alone takes the largest value its uppers allow (``--max-queue 8`` brings ``--max-inputs``,
+    ``--max-score-tokens`` and ``--max-word-copies`` to 8). ``max_batch_delay`` and
+    ``request_timeout`` never move: the timeout is the wait promised to every client, not a
+    capacity, and the delay's default (0) fits every timeout.
     """
     values: dict[str, Any] = {f.name: f.default for f in setting_fields()} | dict(given)
+    written = set(given)
+    for follow in FOLLOWS:
+        if follow.name not in given:
+            values[follow.name] = follow.times * values[follow.source]
+            if follow.source in given:
+                written.add(follow.name)
     for bound in BOUNDS:
-        if bound.lower in given and bound.upper not in given:
+        if bound.lower in written and bound.upper not in given:
             values[bound.upper] = max(values[bound.upper], values[bound.lower])
     for bound in BOUNDS:
         if bound.lower not in given:
@@ -79,12 +119,30 @@ def followed(settings: Settings) -> dict[str, str]:
     """The limits whose default moved to fit a value the user set: each name, and the setting it follows."""
     defaults = {f.name: f.default for f in setting_fields()}
     moved: dict[str, str] = {}
+    for follow in FOLLOWS:
+        value = getattr(settings, follow.name)
+        if follow.name not in settings.given and value != defaults[follow.name]:
+            if value == follow.times * getattr(settings, follow.source):
+                moved[follow.name] = follow.source
     for bound in BOUNDS:
         for name, other in ((bound.lower, bound.upper), (bound.upper, bound.lower)):
             value = getattr(settings, name)
             if name not in settings.given and value != defaults[name] and value == getattr(settings, other):
                 moved.setdefault(name, other)
     return moved
+
+
+# A default that scales with the text rather than with another setting (Settings.masks_allowed).
+PER_MODEL_LENGTH = ("max_masks_per_text",)
+
+
+def following(settings: Settings) -> dict[str, str]:
+    """How each default the user left alone follows another limit, stated once for ``/info``:
+    ``{"max_score_tokens": "max_text_tokens", "max_text_chars": "8 x max_text_tokens",
+    "max_masks_per_text": "each model length of a text"}``."""
+    rules = {f.name: ("" if f.times == 1 else f"{f.times} x ") + f.source for f in FOLLOWS}
+    rules |= {name: "each model length of a text" for name in PER_MODEL_LENGTH}
+    return {name: rule for name, rule in rules.items() if name not in settings.given}
 
 
 def contradictions(settings: Settings) -> Iterator[tuple[str, str, str]]:
@@ -103,12 +161,15 @@ def contradictions(settings: Settings) -> Iterator[tuple[str, str, str]]:
 
 
 def follows_note(name: str) -> str:
-    """How a limit's default moves to fit the ones the user sets (:data:`BOUNDS`), for ``--help``
-    and the docs; "" for a setting whose default never moves."""
+    """How a limit's default follows another (:data:`FOLLOWS`) and moves to fit the ones the user
+    sets (:data:`BOUNDS`), for ``--help`` and the docs; "" for a setting whose default never moves."""
+    notes = [f"following {'' if f.times == 1 else f'{f.times} x '}{flag_name(f.source)}" for f in FOLLOWS if f.name == name]
+    if name in PER_MODEL_LENGTH:
+        notes.append("for each model length of a text unless set")
     lowers = [flag_name(b.lower) for b in BOUNDS if b.upper == name]
     uppers = [flag_name(b.upper) for b in BOUNDS if b.lower == name]
     if lowers:
-        return f"or the largest of {', '.join(lowers)} you set, if larger"
+        notes.append(f"or the largest of {', '.join(lowers)} you set, if larger")
     if uppers:
-        return f"or the smallest of {', '.join(uppers)} you set, if smaller"
-    return ""
+        notes.append(f"or the smallest of {', '.join(uppers)} you set, if smaller")
+    return ", ".join(notes)

@@ -135,9 +135,12 @@ class Settings:
         "0 = never wait: requests that arrive while the model is busy batch together anyway.",
     )
     max_queue: int = _setting(
-        256,
+        4096,
         values.positive_int,
-        "Most texts waiting for the model. When full, new requests get 503 at once.",
+        "Most texts waiting for the model, each row a forward pass reads counted once: a text, a window of "
+        "a long text, a scored or whole-word copy. When full, new requests get 503 at once. The default "
+        "holds the copies of one text of --max-score-tokens scored tokens; the predicted wait, not the "
+        "count, sheds load before a queue of short texts fills it.",
     )
     request_timeout: float = _setting(
         30.0,
@@ -166,8 +169,11 @@ class Settings:
     max_masks_per_text: int = _setting(
         8,
         values.positive_int,
-        "Most mask tokens in one text. Each mask costs a softmax over the vocabulary and top_k "
-        "predictions, each with its own decoded copy of the text; real sentences have a few.",
+        "Most mask tokens in one text, for every model length of it: a text of 1,500 tokens on a model "
+        "that reads 512 may hold 3 x 8, so a long document read in windows holds as many masks a window "
+        "as a sentence (real sentences have a few). Set, it holds for a text of any length. Each mask "
+        "costs a softmax over the vocabulary and top_k predictions, each with its own decoded copy of "
+        "the text; admission weighs that cost as measured.",
     )
     max_predictions: int = _setting(
         2048,
@@ -176,12 +182,13 @@ class Settings:
         "whole text decoded again (its 'sequence'), so this bounds the work after the forward pass.",
     )
     max_score_tokens: int = _setting(
-        256,
+        4096,
         values.positive_int,
-        "Most tokens POST /score scores in one text: a paragraph by default. Each token is one masked "
-        "copy of the whole text, queued and read like a text of its own, so a text's cost grows with "
-        "the square of its length; admission weighs that cost as measured, and a request that could not "
-        "end within --request-timeout here is refused (422 request_too_costly) before any work.",
+        "Most tokens POST /score scores in one text: by default a whole text of --max-text-tokens. Each "
+        "token is one masked copy of the text (of its window, past the model's length), queued and read "
+        "like a text of its own, so a text's cost grows with its length times the model's; admission "
+        "weighs that cost as measured, and a request that could not end within --request-timeout here "
+        "is refused (422 request_too_costly) before any work.",
     )
     max_word_copies: int = _setting(
         64,
@@ -314,10 +321,20 @@ class Settings:
     # Not a setting: no flag, no variable, and no part of equality.
     given: frozenset[str] = field(default=frozenset(), compare=False)
 
-    @property
-    def max_text_predictions(self) -> int:
+    def masks_allowed(self, tokens: int, model_tokens: int) -> int:
+        """The most masks a text of ``tokens`` tokens may hold, on a model that reads ``model_tokens``.
+
+        By default ``--max-masks-per-text`` for each model length of the text, rounded up: a long
+        text is read in windows of the model's length, each as costly as a text, so a document holds
+        as many masks a window as a sentence does. A value the user set holds for any text.
+        """
+        if "max_masks_per_text" in self.given:
+            return self.max_masks_per_text
+        return self.max_masks_per_text * max(1, -(-tokens // model_tokens))
+
+    def text_predictions(self, model_tokens: int) -> int:
         """The most predictions one text may ask for: its masks x top_k, within a request's limit."""
-        return min(self.max_masks_per_text * self.max_top_k, self.max_predictions)
+        return min(self.masks_allowed(self.max_text_tokens, model_tokens) * self.max_top_k, self.max_predictions)
 
     @property
     def max_json_depth(self) -> int:

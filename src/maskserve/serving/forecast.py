@@ -43,8 +43,9 @@ class Forecast:
         settings = self.settings
         texts = settings.max_batch_size
         tokens = max(settings.max_batch_tokens, self.max_tokens)
-        predictions = texts * settings.max_text_predictions
-        worst = Work(texts, tokens, predictions, settings.max_text_predictions * tokens)
+        # A window of a long text may hold all of its masks: each text's most predictions at full length.
+        per_text = settings.text_predictions(self.max_tokens)
+        worst = Work(texts, tokens, texts * per_text, per_text * tokens)
         return self.cost.predict(tokens) + self.cost.post_processing(worst)
 
     def stall_budget(self, floor: float) -> float:

@@ -310,9 +310,16 @@ class RequestParser(BodyParser[FillMaskRequest]):
         masks = model.count_masks(input_ids)
         if masks == 0:
             raise NoMaskToken(f"{where} holds no usable mask token; write {model.mask_token} exactly", field=field)
-        if masks > self.settings.max_masks_per_text:
+        allowed = self.settings.masks_allowed(len(input_ids), model.max_tokens)
+        if masks > allowed:
+            per = (
+                "a text"
+                if allowed == self.settings.max_masks_per_text
+                else f"for a text of {len(input_ids)} tokens ({self.settings.max_masks_per_text} for every "
+                f"{model.max_tokens} tokens this model reads)"
+            )
             raise TooManyMasks(
-                f"{where} holds {masks} mask tokens; the limit is {self.settings.max_masks_per_text} a text",
+                f"{where} holds {masks} mask tokens; the limit is {allowed} {per} (--max-masks-per-text)",
                 field=field,
             )
         return Query(input_ids=input_ids, top_k=top_k, target_ids=target_ids, n_masks=masks)

@@ -13,6 +13,7 @@ from maskserve.config.settings import Settings, SettingsError
 # Both values written by the user: refused, naming both (and where each came from).
 CONTRADICTIONS = [
     (["--max-inputs", "300", "--max-queue", "256"], {}, ("--max-inputs=300", "--max-queue=256")),
+    (["--max-queue", "512", "--max-score-tokens", "1024"], {}, ("--max-score-tokens=1024", "--max-queue=512")),
     (["--max-queue", "10"], {"MASKSERVE_MAX_INPUTS": "64"}, ("MASKSERVE_MAX_INPUTS=64", "--max-queue=10")),
     (["--max-queue", "8", "--max-score-tokens", "64"], {}, ("--max-score-tokens=64", "--max-queue=8")),
     ([], {"MASKSERVE_MAX_QUEUE": "8", "MASKSERVE_MAX_WORD_COPIES": "64"}, ("WORD_COPIES=64", "QUEUE=8")),
@@ -37,9 +38,9 @@ FOLLOWED = [
         {"max_inputs": 64, "max_score_tokens": 100, "max_word_copies": 64},
         {"max_score_tokens": "max_queue"},
     ),
-    (["--max-inputs", "300"], {}, {"max_queue": 300}, {"max_queue": "max_inputs"}),
-    ([], {"MASKSERVE_MAX_SCORE_TOKENS": "400"}, {"max_queue": 400}, {"max_queue": "max_score_tokens"}),
-    (["--max-word-copies", "500"], {}, {"max_queue": 500}, {"max_queue": "max_word_copies"}),
+    (["--max-inputs", "5000"], {}, {"max_queue": 5000}, {"max_queue": "max_inputs"}),
+    ([], {"MASKSERVE_MAX_SCORE_TOKENS": "5000"}, {"max_queue": 5000}, {"max_queue": "max_score_tokens"}),
+    (["--max-word-copies", "5000"], {}, {"max_queue": 5000}, {"max_queue": "max_word_copies"}),
     (["--max-top-k", "3"], {}, {"default_top_k": 3}, {"default_top_k": "max_top_k"}),
     ([], {"MASKSERVE_MAX_PREDICTIONS": "2"}, {"default_top_k": 2}, {"default_top_k": "max_predictions"}),
     (
@@ -61,7 +62,30 @@ FOLLOWED = [
         {"max_unsent_bytes": "max_response_bytes"},
     ),
     # A written value inside the other's default moves nothing.
-    (["--max-queue", "300"], {}, {"max_inputs": 64, "max_score_tokens": 256}, {}),
+    (["--max-queue", "5000"], {}, {"max_inputs": 64, "max_score_tokens": 4096}, {}),
+    # The limits that follow the longest text: the score limit and the characters move with it, and
+    # the queue rises to hold the copies of one text scored whole.
+    (
+        ["--max-text-tokens", "8192"],
+        {},
+        {"max_score_tokens": 8192, "max_text_chars": 65536, "max_queue": 8192},
+        {"max_score_tokens": "max_text_tokens", "max_text_chars": "max_text_tokens", "max_queue": "max_score_tokens"},
+    ),
+    (
+        [],
+        {"MASKSERVE_MAX_TEXT_TOKENS": "1000"},
+        {"max_score_tokens": 1000, "max_text_chars": 8000, "max_queue": 4096},
+        {"max_score_tokens": "max_text_tokens", "max_text_chars": "max_text_tokens"},
+    ),
+    # A written queue still bounds what follows the text.
+    (
+        ["--max-text-tokens", "8192", "--max-queue", "2048"],
+        {},
+        {"max_score_tokens": 2048, "max_queue": 2048},
+        {"max_score_tokens": "max_queue", "max_text_chars": "max_text_tokens"},
+    ),
+    # A written follower holds.
+    (["--max-text-tokens", "8192", "--max-score-tokens", "256"], {}, {"max_score_tokens": 256, "max_queue": 4096}, {"max_text_chars": "max_text_tokens"}),
 ]
 
 
@@ -102,7 +126,11 @@ def test_the_defaults_agree_with_each_other_and_follow_nothing() -> None:
 
 def test_help_says_which_defaults_follow_which_limits() -> None:
     helps = {option.name: option.help or "" for option in build_command().params if isinstance(option, click.Option)}
-    assert helps["max_score_tokens"].endswith("default 256, or the smallest of --max-queue you set, if smaller]")
+    assert helps["max_score_tokens"].endswith(
+        "default 4096, following --max-text-tokens, or the smallest of --max-queue you set, if smaller]"
+    )
+    assert helps["max_text_chars"].endswith("default 32768, following 8 x --max-text-tokens]")
+    assert helps["max_masks_per_text"].endswith("default 8, for each model length of a text unless set]")
     assert (
         "or the largest of --max-inputs, --max-score-tokens, --max-word-copies you set, if larger]"
         in helps["max_queue"]
@@ -115,5 +143,15 @@ def test_limits_that_agree_at_their_edges_are_accepted() -> None:
     assert (settings.max_inputs, settings.default_top_k) == (256, 100)
 
 
-def test_the_score_limit_lets_a_paragraph_through_by_default() -> None:
-    assert Settings().max_score_tokens >= 256
+def test_the_score_limit_lets_the_longest_text_through_by_default() -> None:
+    settings = Settings()
+    assert settings.max_score_tokens == settings.max_text_tokens <= settings.max_queue
+
+
+def test_masks_allowed_grow_with_the_models_lengths_in_a_text_unless_set() -> None:
+    defaults = load_settings([], env={})
+    assert [defaults.masks_allowed(tokens, 512) for tokens in (10, 512, 513, 1500, 4096)] == [8, 8, 16, 24, 64]
+    assert defaults.masks_allowed(1500, 128) == 8 * 12
+    written = load_settings(["--max-masks-per-text", "8"], env={})
+    assert [written.masks_allowed(tokens, 512) for tokens in (10, 1500, 4096)] == [8, 8, 8]
+    assert defaults.text_predictions(512) == min(64 * defaults.max_top_k, defaults.max_predictions)

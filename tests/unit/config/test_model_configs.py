@@ -129,7 +129,7 @@ def test_a_models_file_models_defaults_follow_its_own_limits_afresh(tmp_path: Pa
     small, big = served["small"], served["big"]
     assert (small.max_inputs, small.max_score_tokens, small.max_word_copies) == (8, 8, 8)
     # Not the server's followed 16s: the defaults, which fit the model's own queue.
-    assert (big.max_inputs, big.max_score_tokens, big.max_word_copies) == (64, 256, 64)
+    assert (big.max_inputs, big.max_score_tokens, big.max_word_copies) == (64, 512, 64)
     assert followed(small) == {name: "max_queue" for name in ("max_inputs", "max_score_tokens", "max_word_copies")}
 
 

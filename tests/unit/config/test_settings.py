@@ -137,8 +137,8 @@ def test_defaults_without_flags_or_environment() -> None:
     assert (settings.host, settings.port, settings.model) == ("127.0.0.1", 8000, ())
     assert (settings.device, settings.dtype, settings.threads) == ("cpu", "auto", 0)
     assert (settings.max_batch_size, settings.max_batch_tokens, settings.max_batch_delay) == (32, 8192, 0.0)
-    assert (settings.max_queue, settings.max_body_bytes, settings.max_text_chars) == (256, 1_048_576, 32_768)
-    assert settings.max_text_tokens == 4096
+    assert (settings.max_queue, settings.max_body_bytes, settings.max_text_chars) == (4096, 1_048_576, 32_768)
+    assert (settings.max_text_tokens, settings.max_score_tokens, settings.max_masks_per_text) == (4096, 4096, 8)
     assert (settings.max_top_k, settings.default_top_k, settings.log_json) == (100, 5, False)
 
 
