@@ -24,6 +24,7 @@ from aiohttp import ClientResponse
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
 from maskserve.engine import FillMaskEngine
+from maskserve.engine.pretrained import default_model_dir
 from tests.conftest import ClientFactory, EngineOf
 from tests.models import WORDS
 
@@ -54,7 +55,10 @@ SENTENCES = [
     "the president of the team sings for the people of the world",
     "information on the history of the city is in the office",
 ]
-SCORE_LIMITS = {"max_score_tokens": 512, "max_queue": 1024}
+# The default model (maskserve[demo]'s BERT) reads 512 tokens; the defaults' documents are longer.
+DEFAULT_LENGTH = 512
+# Rows the oracle's own forward passes read at once: a long text's copies, a few at a time.
+ORACLE_ROWS = 64
 
 
 # -- the oracle: the window rule, stated once more ----------------------------------------------
@@ -171,26 +175,33 @@ def filled(folder: Path, ids: Sequence[int], position: int, tokens: Sequence[int
 
 
 def log_probs(folder: Path, rows: Sequence[Sequence[int]], positions: Sequence[int]) -> torch.Tensor:
-    """Each row's log-softmax over the vocabulary at its position; rows of one length run together."""
+    """Each row's log-softmax over the vocabulary at its position; rows of one length run together.
+    The model's own encoder, then its own masked-LM head at the read positions only (the vocabulary's
+    logits at every position of a long text's copies would take gigabytes)."""
     _, model = hf_model(folder)
+    head = model.cls if hasattr(model, "cls") else model.lm_head
     out = torch.empty(len(rows), model.config.vocab_size)
     by_length: dict[int, list[int]] = {}
     for index, row in enumerate(rows):
         by_length.setdefault(len(row), []).append(index)
     with torch.no_grad():
-        for indices in by_length.values():
-            logits = model(input_ids=torch.tensor([rows[i] for i in indices])).logits
-            picked = logits[torch.arange(len(indices)), torch.tensor([positions[i] for i in indices])]
-            out[indices] = picked.log_softmax(dim=-1)
+        for same_length in by_length.values():
+            for start in range(0, len(same_length), ORACLE_ROWS):
+                indices = same_length[start : start + ORACLE_ROWS]
+                hidden = model.base_model(input_ids=torch.tensor([rows[i] for i in indices])).last_hidden_state
+                read = hidden[torch.arange(len(indices)), torch.tensor([positions[i] for i in indices])]
+                out[indices] = head(read).log_softmax(dim=-1)
     return out
 
 
-def oracle_fill_mask(folder: Path, text: str, top_k: int = TOP_K) -> tuple[int, list[list[dict[str, Any]]]]:
+def oracle_fill_mask(
+    folder: Path, text: str, top_k: int = TOP_K, length: int = MODEL_LENGTH
+) -> tuple[int, list[list[dict[str, Any]]]]:
     """A long text's window count and each mask's predictions: the pipeline on the mask's window,
     each ``sequence`` the whole text with the token put in."""
     ids, word_ids = encode(folder, text)
     positions = mask_positions(folder, ids)
-    windows = oracle_windows(word_ids, [(p, p) for p in positions])
+    windows = oracle_windows(word_ids, [(p, p) for p in positions], length)
     answer = []
     for position in positions:
         window = window_of(windows, position)
@@ -201,7 +212,7 @@ def oracle_fill_mask(folder: Path, text: str, top_k: int = TOP_K) -> tuple[int, 
     return len(windows), answer
 
 
-def oracle_pll(folder: Path, text: str, metric: str) -> tuple[int, list[tuple[int, float]]]:
+def oracle_pll(folder: Path, text: str, metric: str, length: int = MODEL_LENGTH) -> tuple[int, list[tuple[int, float]]]:
     """A long text's window count and each scored token's (id, log-probability) with it masked (and
     the rest of its word to its right, for within_word_l2r), each read in its own window."""
     tokenizer, _ = hf_model(folder)
@@ -214,7 +225,7 @@ def oracle_pll(folder: Path, text: str, metric: str) -> tuple[int, list[tuple[in
         ):
             last += 1
         spans.append((position, last))
-    windows = oracle_windows(word_ids, spans)
+    windows = oracle_windows(word_ids, spans, length)
     rows, reads, tokens = [], [], []
     for position, last in spans:
         window = window_of(windows, position)
@@ -361,7 +372,7 @@ async def test_score_of_a_long_text_equals_the_pseudo_log_likelihood_window_by_w
     count, expected = oracle_pll(folder, text, metric)
     assert count >= 5 and len(expected) > 2 * MODEL_LENGTH
 
-    client = await make_client(engine=engine, **SCORE_LIMITS)
+    client = await make_client(engine=engine)
     response = await client.post("/score", json={"inputs": text, "parameters": {"metric": metric, "tokens": True}})
     body = await post_ok(response)
     assert body["windows"] == count
@@ -371,6 +382,54 @@ async def test_score_of_a_long_text_equals_the_pseudo_log_likelihood_window_by_w
     ]
     assert [t["score"] for t in body["tokens"]] == pytest.approx([score for _, score in expected], abs=TOLERANCE)
     assert body["score"] == pytest.approx(math.fsum(score for _, score in expected), abs=TOLERANCE)
+
+
+# -- long documents on the defaults ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def default_dir() -> Path:
+    folder = default_model_dir()
+    assert folder is not None, "maskserve[demo] is not installed"
+    return folder
+
+
+async def test_on_the_defaults_a_1000_token_text_is_scored_window_by_window(
+    make_client: ClientFactory, default_engine: FillMaskEngine, default_dir: Path
+) -> None:
+    assert default_engine.max_tokens == DEFAULT_LENGTH
+    text = " ".join(words_of_length(default_dir, 1000))
+    count, expected = oracle_pll(default_dir, text, "original", DEFAULT_LENGTH)
+    assert len(expected) >= 998 and count >= 3
+
+    client = await make_client(engine=default_engine)  # every limit at its default
+    response = await client.post("/score", json={"inputs": text, "parameters": {"tokens": True}})
+    body = await post_ok(response)
+    assert body["windows"] == count and response.headers["X-Text-Windows"] == str(count)
+    assert [t["token"] for t in body["tokens"]] == [token for token, _ in expected]
+    assert [t["score"] for t in body["tokens"]] == pytest.approx([score for _, score in expected], abs=TOLERANCE)
+
+
+async def test_on_the_defaults_a_1500_token_document_with_20_masks_answers_each_as_its_window(
+    make_client: ClientFactory, default_engine: FillMaskEngine, default_dir: Path
+) -> None:
+    words = words_of_length(default_dir, 1500)
+    text = masked(default_dir, words, [1 + i * (len(words) - 2) // 19 for i in range(20)])
+    ids, _ = encode(default_dir, text)
+    assert len(ids) >= 1500 and len(mask_positions(default_dir, ids)) == 20
+    count, expected = oracle_fill_mask(default_dir, text, TOP_K, DEFAULT_LENGTH)
+
+    client = await make_client(engine=default_engine)  # every limit at its default
+    response = await client.post("/", json={"inputs": text, "parameters": {"top_k": TOP_K}})
+    assert_same_predictions(await post_ok(response), expected, TOLERANCE)
+    assert response.headers["X-Text-Windows"] == str(count)
+    # Eight masks for each 512 tokens the model reads: a text of 1,500 tokens holds 24, not 25.
+    crowded = masked(default_dir, words, [1 + i * (len(words) - 2) // 24 for i in range(25)])
+    too_many = await client.post("/", json={"inputs": crowded})
+    assert too_many.status == 422
+    error = await too_many.json()
+    assert error["error_type"] == "too_many_masks" and "the limit is 24 for a text of" in error["error"]
+    assert "--max-masks-per-text" in error["error"]
 
 
 # -- whole words past the model's length --------------------------------------------------------
@@ -533,7 +592,8 @@ async def test_a_text_over_max_text_tokens_is_422_naming_both_numbers(
     words = words_of_length(bert_dir)
     text = long_input(bert_dir, route, words)
     tokens = len(encode(bert_dir, text)[0])
-    client = await make_client(max_text_tokens=200, **SCORE_LIMITS)
+    # The characters' limit would follow the tokens' down to 1,600 and meet this text first.
+    client = await make_client(max_text_tokens=200, max_text_chars=32_768)
     error = await error_of(await client.post(route, json={"inputs": text}))
     assert error["error_type"] == "text_too_long"
     assert f"{tokens} tokens" in error["error"] and "the limit is 200" in error["error"]
@@ -552,7 +612,7 @@ async def test_long_text_refuse_is_422_naming_both_numbers_and_the_server_serves
 ) -> None:
     text = long_input(bert_dir, route, words_of_length(bert_dir))
     tokens = len(encode(bert_dir, text)[0])
-    client = await make_client(**SCORE_LIMITS)
+    client = await make_client()
     error = await error_of(await client.post(route, json={"inputs": text, "parameters": {"long_text": "refuse"}}))
     assert error["error_type"] == "text_too_long"
     assert f"{tokens} tokens" in error["error"] and f"at most {MODEL_LENGTH}" in error["error"]
@@ -590,7 +650,7 @@ async def test_the_header_lists_each_texts_windows_in_order(
     short = "paris is the [MASK] of france."
     count, expected = oracle_fill_mask(bert_dir, long)
     assert count == 3
-    client = await make_client(engine=bert_engine, **SCORE_LIMITS)
+    client = await make_client(engine=bert_engine)
 
     response = await client.post("/", json={"inputs": [long, short], "parameters": {"top_k": TOP_K}})
     body = await post_ok(response)
