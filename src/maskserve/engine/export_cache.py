@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 import transformers
@@ -55,6 +55,23 @@ class CachedExport:
     @property
     def model_file(self) -> Path:
         return self.folder / self.model_name
+
+
+@dataclass(frozen=True)
+class ExportRecipe(Generic[T]):
+    """How one entry is made and checked: ``build(model, folder)`` writes the graph as ``model_name``
+    and returns what it did, for meta.json; ``check(model file)`` opens and verifies the graph,
+    raising :class:`ExportFailed` if it disagrees with torch; ``what`` names the graph's format in
+    errors."""
+
+    model: PreTrainedModel
+    root: Path
+    key: str
+    parts: dict[str, Any]
+    check: Callable[[Path], T]
+    build: Callable[[PreTrainedModel, Path], dict[str, Any]]
+    model_name: str
+    what: str
 
 
 def one_line(exc: BaseException) -> str:
@@ -174,27 +191,16 @@ def _remove_stale_temporaries(root: Path) -> None:
                 shutil.rmtree(stale, ignore_errors=True)
 
 
-def export_to_cache(
-    model: PreTrainedModel,
-    root: Path,
-    key: str,
-    parts: dict[str, Any],
-    check: Callable[[Path], T],
-    *,
-    build: Callable[[PreTrainedModel, Path], dict[str, Any]],
-    model_name: str,
-    what: str,
-) -> tuple[CachedExport, T]:
-    """Export ``model`` into the cache under ``key``, atomically; ``check(model file)`` runs first.
+def export_to_cache(recipe: ExportRecipe[T]) -> tuple[CachedExport, T]:
+    """Export the recipe's model into the cache under its key, atomically; its check runs first.
 
-    ``build(model, folder)`` writes the graph as ``model_name`` and returns what it did, for
-    meta.json. ``check`` opens and verifies the new graph
-    (raising :class:`ExportFailed` if it disagrees with torch) before anything is published, so a
-    bad export never enters the cache. Returns the entry and what ``check`` returned. When another
-    process published the same key meanwhile, its entry is kept and this one dropped: both were
-    made from the same inputs. Only the entry's files are recorded and checked: a subfolder
-    (a backend's own compiled cache) is the backend's to keep.
+    The check runs on the new graph before anything is published, so a bad export never enters the
+    cache. Returns the entry and what the check returned. When another process published the same
+    key meanwhile, its entry is kept and this one dropped: both were made from the same inputs.
+    Only the entry's files are recorded and checked: a subfolder (a backend's own compiled cache)
+    is the backend's to keep.
     """
+    root, key, model_name = recipe.root, recipe.key, recipe.model_name
     try:
         root.mkdir(parents=True, exist_ok=True)
         _remove_stale_temporaries(root)
@@ -203,16 +209,16 @@ def export_to_cache(
         raise ExportFailed(f"cannot write the export cache in {root}: {exc.strerror or one_line(exc)}") from exc
     try:
         try:
-            done = build(model, temporary)
+            done = recipe.build(recipe.model, temporary)
         except Exception as exc:  # any exporter or fusion failure stops start-up the same way
-            raise ExportFailed(f"could not export the model to {what}: {one_line(exc)}") from exc
-        checked = check(temporary / model_name)
+            raise ExportFailed(f"could not export the model to {recipe.what}: {one_line(exc)}") from exc
+        checked = recipe.check(temporary / model_name)
         files = {
             path.name: {"bytes": path.stat().st_size, "sha256": _file_sha256(path)}
             for path in sorted(temporary.iterdir())
             if path.is_file()
         }
-        meta = {"key": key, "parts": parts, "files": files, **done, "created": time.time()}
+        meta = {"key": key, "parts": recipe.parts, "files": files, **done, "created": time.time()}
         (temporary / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
         temporary.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
         folder = root / key
@@ -230,24 +236,13 @@ def export_to_cache(
         shutil.rmtree(temporary, ignore_errors=True)
 
 
-def open_or_make(
-    model: PreTrainedModel,
-    root: Path,
-    key: str,
-    parts: dict[str, Any],
-    check: Callable[[Path], T],
-    *,
-    build: Callable[[PreTrainedModel, Path], dict[str, Any]],
-    model_name: str,
-    what: str,
-    making: str,
-) -> tuple[CachedExport, T]:
-    """The intact entry for ``key`` that passes ``check``, else one made now by :func:`export_to_cache`.
+def open_or_make(recipe: ExportRecipe[T], *, making: str) -> tuple[CachedExport, T]:
+    """The intact entry for the recipe's key that passes its check, else one made now by :func:`export_to_cache`.
 
     ``making`` says in the log what is done and why only once (``"exporting"``, ``"converting"``).
     """
-    cached = open_cached(root, key, check, model_name)
+    cached = open_cached(recipe.root, recipe.key, recipe.check, recipe.model_name)
     if cached is not None:
         return cached
-    log.info("%s (once per model and versions; cache key %s)", making, key)
-    return export_to_cache(model, root, key, parts, check, build=build, model_name=model_name, what=what)
+    log.info("%s (once per model and versions; cache key %s)", making, recipe.key)
+    return export_to_cache(recipe)

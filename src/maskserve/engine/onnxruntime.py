@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from maskserve.engine import onnx_export
-from maskserve.engine.export_cache import CachedExport, ExportFailed, one_line, open_or_make
+from maskserve.engine.export_cache import CachedExport, ExportFailed, ExportRecipe, one_line, open_or_make
 from maskserve.engine.graph import GraphFillMaskEngine, GraphLoad, require_cpu, with_read_rows
 from maskserve.engine.onnx_export import MODEL_FILE, OUTPUT, export_key
 from maskserve.engine.pretrained import BackendUnavailable
@@ -119,14 +119,16 @@ def load_onnx_engine(spec: ModelSpec) -> OnnxFillMaskEngine:
     def make(read_rows: bool) -> tuple[CachedExport, Any]:
         key, parts = export_key(load.loaded.model, read_rows)
         return open_or_make(
-            load.loaded.model,
-            load.root,
-            key,
-            parts,
-            open_checked,
-            build=functools.partial(onnx_export.export_graph, read_rows=read_rows),
-            model_name=MODEL_FILE,
-            what="ONNX",
+            ExportRecipe(
+                load.loaded.model,
+                load.root,
+                key,
+                parts,
+                open_checked,
+                build=functools.partial(onnx_export.export_graph, read_rows=read_rows),
+                model_name=MODEL_FILE,
+                what="ONNX",
+            ),
             making=f"exporting {load.loaded.name} to ONNX",
         )
 

@@ -33,6 +33,7 @@ from maskserve.engine.cpu import (
 from maskserve.engine.export_cache import (
     CachedExport,
     ExportFailed,
+    ExportRecipe,
     export_to_cache,
     one_line,
     open_cached,
@@ -224,14 +225,16 @@ class _Graphs:
     def float32(self) -> tuple[CachedExport, Any]:
         loaded = self.load.loaded
         made = open_or_make(
-            loaded.model,
-            self.load.root,
-            self.key,
-            self.parts,
-            self.open_checked,
-            build=functools.partial(convert_graph, read_rows=self.read_rows),
-            model_name=MODEL_FILE,
-            what="OpenVINO",
+            ExportRecipe(
+                loaded.model,
+                self.load.root,
+                self.key,
+                self.parts,
+                self.open_checked,
+                build=functools.partial(convert_graph, read_rows=self.read_rows),
+                model_name=MODEL_FILE,
+                what="OpenVINO",
+            ),
             making=f"converting {loaded.name} to OpenVINO",
         )
         if not made[0].reused:
@@ -259,14 +262,16 @@ class _Graphs:
             }
 
         made = export_to_cache(
-            loaded.model,
-            root,
-            int8_key,
-            int8_parts,
-            self.open_int8,
-            build=build,
-            model_name=MODEL_FILE,
-            what="OpenVINO int8",
+            ExportRecipe(
+                loaded.model,
+                root,
+                int8_key,
+                int8_parts,
+                self.open_int8,
+                build=build,
+                model_name=MODEL_FILE,
+                what="OpenVINO int8",
+            )
         )
         log.info("quantized in %.1fs", made[0].meta["quantize_seconds"])
         return made

@@ -32,30 +32,22 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
     metrics = service_of(request.app).metrics
     state = state_of(request)
     started = time.perf_counter()
-    # state.model: the served model the handler resolved ("" until then, and for unknown names).
+
+    def observe(status: int, kind: str | None = None) -> None:
+        """Count and time this request as answered ``status``; ``kind`` defaults to :func:`kind_label`'s."""
+        # state.model: the served model the handler resolved ("" until then, and for unknown names).
+        seconds = time.perf_counter() - started
+        metrics.observe_request(route_label(request), status, kind or kind_label(request, status), seconds, state.model)
+
     try:
         response = await handler(request)
     except web.HTTPException as exc:  # redirects: the error middleware lets them through
-        metrics.observe_request(
-            route_label(request),
-            exc.status,
-            kind_label(request, exc.status),
-            time.perf_counter() - started,
-            state.model,
-        )
+        observe(exc.status)
         raise
     except asyncio.CancelledError:  # the client left and aiohttp cancelled its handler
-        metrics.observe_request(
-            route_label(request), CLIENT_CLOSED, "client_closed", time.perf_counter() - started, state.model
-        )
+        observe(CLIENT_CLOSED, "client_closed")
         raise
-    metrics.observe_request(
-        route_label(request),
-        response.status,
-        kind_label(request, response.status),
-        time.perf_counter() - started,
-        state.model,
-    )
+    observe(response.status)
     if state.answers:
         metrics.observe_answers(state.answers, state.windows, state.model)
     return response

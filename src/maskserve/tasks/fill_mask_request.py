@@ -66,9 +66,12 @@ class FillMaskRequest:
     long_text: LongText = DEFAULT_LONG_TEXT
 
 
-def inputs_body_schema(settings: Settings, properties: dict[str, Any]) -> dict[str, Any]:
-    """A JSON body of ``"inputs"`` (one text or a list of them, within this server's limit) and
-    ``properties`` beside it: the shape every text route takes."""
+def inputs_body_schema(
+    settings: Settings, parameters: dict[str, Any], others: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A JSON body of ``"inputs"`` (one text or a list of them, within this server's limit), an
+    optional ``"parameters"`` object holding only ``parameters``, and ``others`` beside them: the
+    shape every text route takes."""
     text = {"type": "string"}
     return {
         "type": "object",
@@ -80,7 +83,8 @@ def inputs_body_schema(settings: Settings, properties: dict[str, Any]) -> dict[s
                 "oneOf": [text, {"type": "array", "items": text, "minItems": 1, "maxItems": settings.max_inputs}],
                 "x-messages": {"oneOf": "inputs must be a string or a non-empty list of strings"},
             },
-            **properties,
+            "parameters": {"type": ["object", "null"], "additionalProperties": False, "properties": parameters},
+            **(others or {}),
         },
     }
 
@@ -91,26 +95,20 @@ def request_schema(settings: Settings) -> dict[str, Any]:
     return inputs_body_schema(
         settings,
         {
-            "parameters": {
-                "type": ["object", "null"],
-                "additionalProperties": False,
-                "properties": {
-                    "top_k": {"type": ["integer", "null"], "minimum": 1, "maximum": settings.max_top_k},
-                    "targets": {
-                        "oneOf": [
-                            {"type": "null"},
-                            text,
-                            {"type": "array", "items": text, "minItems": 1, "maxItems": settings.max_targets},
-                        ],
-                        "x-messages": {"oneOf": "parameters.targets must be a string or a non-empty list of strings"},
-                    },
-                    "multi_token_targets": multi_token_targets_schema(),
-                    "long_text": long_text_schema(),
-                },
+            "top_k": {"type": ["integer", "null"], "minimum": 1, "maximum": settings.max_top_k},
+            "targets": {
+                "oneOf": [
+                    {"type": "null"},
+                    text,
+                    {"type": "array", "items": text, "minItems": 1, "maxItems": settings.max_targets},
+                ],
+                "x-messages": {"oneOf": "parameters.targets must be a string or a non-empty list of strings"},
             },
-            # Older Inference API clients send {"options": {"wait_for_model": true}}; nothing to do.
-            "options": {"type": ["object", "null"]},
+            "multi_token_targets": multi_token_targets_schema(),
+            "long_text": long_text_schema(),
         },
+        # Older Inference API clients send {"options": {"wait_for_model": true}}; nothing to do.
+        {"options": {"type": ["object", "null"]}},
     )
 
 

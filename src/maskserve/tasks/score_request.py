@@ -50,18 +50,12 @@ def score_request_schema(settings: Settings) -> dict[str, Any]:
     return inputs_body_schema(
         settings,
         {
-            "parameters": {
-                "type": ["object", "null"],
-                "additionalProperties": False,
-                "properties": {
-                    "metric": {
-                        "enum": [*METRICS, None],
-                        "x-messages": {"enum": f"parameters.metric must be one of {', '.join(METRICS)}"},
-                    },
-                    "tokens": {"type": ["boolean", "null"]},
-                    "long_text": long_text_schema(),
-                },
+            "metric": {
+                "enum": [*METRICS, None],
+                "x-messages": {"enum": f"parameters.metric must be one of {', '.join(METRICS)}"},
             },
+            "tokens": {"type": ["boolean", "null"]},
+            "long_text": long_text_schema(),
         },
     )
 

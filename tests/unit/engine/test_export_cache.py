@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForMaskedLM, PreTrainedModel
 
 from maskserve.engine import load_engine
-from maskserve.engine.export_cache import ExportFailed, export_to_cache, key_of, model_parts
+from maskserve.engine.export_cache import ExportFailed, ExportRecipe, export_to_cache, key_of, model_parts
 from tests.models import build_bert
 from tests.unit.engine.conftest import Graph, top_answer
 
@@ -148,7 +148,7 @@ def test_a_failed_check_publishes_nothing(keyed: tuple[PreTrainedModel, str, dic
         raise ExportFailed("disagrees with torch")
 
     with pytest.raises(ExportFailed, match="disagrees"):
-        export_to_cache(model, root, key, parts, refuse, build=stand_in_graph, model_name=MODEL_FILE, what="test")
+        export_to_cache(ExportRecipe(model, root, key, parts, refuse, stand_in_graph, MODEL_FILE, "test"))
     assert list(root.iterdir()) == []  # neither the entry nor its temporary folder
 
 
@@ -164,7 +164,7 @@ def test_losing_the_publish_race_keeps_the_other_process_entry(
         return "checked"
 
     export, checked = export_to_cache(
-        model, root, key, parts, other_process_publishes_first, build=stand_in_graph, model_name=MODEL_FILE, what="test"
+        ExportRecipe(model, root, key, parts, other_process_publishes_first, stand_in_graph, MODEL_FILE, "test")
     )
     assert checked == "checked" and export.folder == root / key and export.reused
     assert (root / key / MODEL_FILE).read_bytes() == b"theirs"
@@ -181,7 +181,7 @@ def test_a_builder_error_becomes_one_line_and_publishes_nothing(
         raise RuntimeError("Exporting the operator 'aten::fake' is not supported.\nMore detail.")
 
     with pytest.raises(ExportFailed) as caught:
-        export_to_cache(model, root, key, parts, lambda path: None, build=fail, model_name=MODEL_FILE, what="test")
+        export_to_cache(ExportRecipe(model, root, key, parts, lambda path: None, fail, MODEL_FILE, "test"))
     assert (
         str(caught.value) == "could not export the model to test: Exporting the operator 'aten::fake' is not supported."
     )
