@@ -40,9 +40,11 @@ if HAS_OPENVINO and HAS_NNCF:
 # int8 moves answers more than bfloat16 (whose bound is 99% and 0.02). The floor per class of int8
 # kernels, each below what that class measured with its recipe (benchmarks/results/int8-recipe.md)
 # and far above what a broken graph gives. Top-1: the same floor everywhere. The largest score
-# difference: tighter where the residual products stay in float32 (the avx2 recipe).
+# difference: tighter where the residual products stay in float32 (the avx2 recipe). The VNNI and
+# AMX recipes quantize the last layer's products at the read rows too, which moves the largest
+# difference beyond what the whole-layer graph measured there: the bound leaves room for that.
 MIN_TOP1_AGREEMENT = {"AMX": 0.95, "AVX-512 VNNI": 0.95, "AVX-VNNI": 0.95, "AVX2": 0.95}
-MAX_SCORE_DIFFERENCE = {"AMX": 0.08, "AVX-512 VNNI": 0.08, "AVX-VNNI": 0.08, "AVX2": 0.03}
+MAX_SCORE_DIFFERENCE = {"AMX": 0.1, "AVX-512 VNNI": 0.1, "AVX-VNNI": 0.1, "AVX2": 0.03}
 MIN_MASKS = 400
 # /score on the same model, per class of int8 kernels, against torch float32: each token's
 # log-probability within the bound, and the sentences ranked alike (Spearman, by mean
