@@ -22,7 +22,8 @@ import pytest
 from tests.live_server import start_maskserve, wait_until_ready
 from tests.paths import ROOT
 
-pytestmark = pytest.mark.load
+# serial: it measures latency and memory under load, which a test beside it would move.
+pytestmark = [pytest.mark.load, pytest.mark.serial]
 
 # What a loaded machine adds to a request on the client's clock beyond the server's deadline.
 CLIENT_SLACK_S = 1.0

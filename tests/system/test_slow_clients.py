@@ -25,7 +25,8 @@ LONG_WORDS = (
     "accountability administration advertisement anthropological apprenticeship approximately "
     "archaeological architectural assassination authentication acknowledging accomplishments"
 ).split()
-pytestmark = pytest.mark.slow
+# serial: its bounds are timeouts and memory given back, which a test beside it would move.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 # Tries of each large request before the baseline (bounded: a loop that stops itself).
 WARMUP_TRIES = 20
 # The large answers of the never-reading clients: texts x top_k predictions, each with its text.

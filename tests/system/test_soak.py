@@ -26,7 +26,8 @@ from tests.live_server import start_maskserve, wait_until_ready
 from tests.paths import ROOT
 from tests.system.test_load import sentences
 
-pytestmark = pytest.mark.load
+# serial: it measures latency and memory under load, which a test beside it would move.
+pytestmark = [pytest.mark.load, pytest.mark.serial]
 
 SOAK_SECONDS = float(os.environ.get("MASKSERVE_SOAK_SECONDS", "20"))
 TIMEOUT_S = 2.0

@@ -27,7 +27,8 @@ from tests.system.fleet.fleet import (
     steady_load,
 )
 
-pytestmark = pytest.mark.fleet
+# serial: the fleet measures recovery and weights in time, and its balancer and Prometheus are one each.
+pytestmark = [pytest.mark.fleet, pytest.mark.serial]
 
 # How late, past one check interval, HAProxy's DOWN may be seen: its check timer, this process's
 # polling (10 ms) and the scheduler of 2 busy cores. The claim stays "within one interval".

@@ -42,7 +42,8 @@ from tests.system.fleet.fleet import (
     steady_load,
 )
 
-pytestmark = pytest.mark.fleet
+# serial: the fleet measures recovery and weights in time, and its balancer and Prometheus are one each.
+pytestmark = [pytest.mark.fleet, pytest.mark.serial]
 
 FLOOD_S = 6.0
 BACK_OFF_S = 0.05  # a client honouring Retry-After, scaled down

@@ -31,7 +31,8 @@ from tests.system.fleet.prometheus import INTERVAL, NAMESPACE, Prometheus, runni
 if TYPE_CHECKING:
     from tests.system.fleet.dashboard_picture import PanelData
 
-pytestmark = pytest.mark.fleet
+# serial: the fleet measures recovery and weights in time, and its balancer and Prometheus are one each.
+pytestmark = [pytest.mark.fleet, pytest.mark.serial]
 
 # Grafana's $__rate_interval is four scrape intervals at least; the windows here need only a few
 # one-second scrapes.

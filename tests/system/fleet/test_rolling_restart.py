@@ -27,7 +27,8 @@ from tests.system.fleet.fleet import (
     steady_load,
 )
 
-pytestmark = pytest.mark.fleet
+# serial: the fleet measures recovery and weights in time, and its balancer and Prometheus are one each.
+pytestmark = [pytest.mark.fleet, pytest.mark.serial]
 
 
 async def test_a_rolling_restart_under_load_fails_no_request(

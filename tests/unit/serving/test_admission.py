@@ -97,6 +97,7 @@ async def test_request_already_past_its_deadline_at_the_door_answers_504_not_503
     assert not admission.refused
 
 
+@pytest.mark.serial  # compares a predicted wait with the real one: a test beside it would move the real one
 async def test_the_advertised_wait_stays_within_twice_the_real_one_on_a_mixed_flood(
     make_client: ClientFactory,
 ) -> None:
