@@ -142,7 +142,7 @@ async def test_info_and_metrics_name_every_model(client: TestClient[web.Request,
         "XLMRobertaForMaskedLM",
     ]
     assert {m["backend"] for m in info["models"]} == {"torch"}
-    assert all(m["limits"]["max_inputs"] == 64 and m["max_queue"] == 256 for m in info["models"])
+    assert all(m["limits"]["max_inputs"] == 64 and m["max_queue"] == 4096 for m in info["models"])
     assert info["model"]["name"] == "bert"  # the default
     exposition = await (await client.get("/metrics")).text()
     labelled: dict[str, set[str]] = {}
