@@ -121,9 +121,9 @@ def followed(settings: Settings) -> dict[str, str]:
     moved: dict[str, str] = {}
     for follow in FOLLOWS:
         value = getattr(settings, follow.name)
-        if follow.name not in settings.given and value != defaults[follow.name]:
-            if value == follow.times * getattr(settings, follow.source):
-                moved[follow.name] = follow.source
+        moved_here = follow.name not in settings.given and value != defaults[follow.name]
+        if moved_here and value == follow.times * getattr(settings, follow.source):
+            moved[follow.name] = follow.source
     for bound in BOUNDS:
         for name, other in ((bound.lower, bound.upper), (bound.upper, bound.lower)):
             value = getattr(settings, name)
@@ -163,7 +163,9 @@ def contradictions(settings: Settings) -> Iterator[tuple[str, str, str]]:
 def follows_note(name: str) -> str:
     """How a limit's default follows another (:data:`FOLLOWS`) and moves to fit the ones the user
     sets (:data:`BOUNDS`), for ``--help`` and the docs; "" for a setting whose default never moves."""
-    notes = [f"following {'' if f.times == 1 else f'{f.times} x '}{flag_name(f.source)}" for f in FOLLOWS if f.name == name]
+    notes = [
+        f"following {'' if f.times == 1 else f'{f.times} x '}{flag_name(f.source)}" for f in FOLLOWS if f.name == name
+    ]
     if name in PER_MODEL_LENGTH:
         notes.append("for each model length of a text unless set")
     lowers = [flag_name(b.lower) for b in BOUNDS if b.upper == name]

@@ -85,7 +85,12 @@ FOLLOWED = [
         {"max_score_tokens": "max_queue", "max_text_chars": "max_text_tokens"},
     ),
     # A written follower holds.
-    (["--max-text-tokens", "8192", "--max-score-tokens", "256"], {}, {"max_score_tokens": 256, "max_queue": 4096}, {"max_text_chars": "max_text_tokens"}),
+    (
+        ["--max-text-tokens", "8192", "--max-score-tokens", "256"],
+        {},
+        {"max_score_tokens": 256, "max_queue": 4096},
+        {"max_text_chars": "max_text_tokens"},
+    ),
 ]
 
 

@@ -33,7 +33,9 @@ async def test_page_shows_an_empty_scoring_form_with_the_default_metric(make_cli
     page = Page(await (await client.get("/")).text())
     assert page.sentences == "" and page.selected_metric == "original"
     assert page.score_error_hidden and page.sentence_scores == []
-    assert "64 sentences of 4096 tokens each, 4096 tokens in all" in " ".join(page.texts_by_id["sentences-help"].split())
+    assert "64 sentences of 4096 tokens each, 4096 tokens in all" in " ".join(
+        page.texts_by_id["sentences-help"].split()
+    )
 
 
 async def test_score_form_shows_what_post_score_answers_with_a_bar_per_token(make_client: ClientFactory) -> None:
