@@ -255,17 +255,12 @@ async def test_costliest_scoring_request_ends_in_time_while_fill_mask_clients_ar
         f"fill-mask clients {dict(statuses)}"
     )
     assert queued, "the scoring request never showed up in the queue"
-    assert sent.status == 200, sent.body[:500]
-    assert sent.seconds < DEFAULTS.request_timeout + SCORE_SLACK_S
+    check_in_time_with_livez_fast(sent, idle_s, livez)
     check_scores(sent.body, sent.admitted)
     # Every fill-mask client was answered while it ran, or refused (503, Retry-After) while the
     # work ahead of its text would outlast its deadline.
     assert set(statuses) <= {200, 503} and statuses[200] > 0, statuses
-    assert set(livez.statuses) == {200} and set(readyz.statuses) == {200}, (
-        Counter(livez.statuses),
-        Counter(readyz.statuses),
-    )
-    assert max(livez.latencies_s) < LIVEZ_MAX_S + idle_s, (max(livez.latencies_s), idle_s, sent.seconds)
+    assert set(readyz.statuses) == {200}, Counter(readyz.statuses)
 
 
 async def costliest_alone(base: str, family: str) -> tuple[Sent, float, Prober]:

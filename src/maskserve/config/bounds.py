@@ -35,6 +35,10 @@ class Follow:
     times: int
     why: str
 
+    def rule(self, source: str) -> str:
+        """The rule, naming the source as ``source`` (its setting's name, or its flag)."""
+        return source if self.times == 1 else f"{self.times} x {source}"
+
 
 FOLLOWS: tuple[Follow, ...] = (
     Follow(
@@ -140,7 +144,7 @@ def following(settings: Settings) -> dict[str, str]:
     """How each default the user left alone follows another limit, stated once for ``/info``:
     ``{"max_score_tokens": "max_text_tokens", "max_text_chars": "8 x max_text_tokens",
     "max_masks_per_text": "each model length of a text"}``."""
-    rules = {f.name: ("" if f.times == 1 else f"{f.times} x ") + f.source for f in FOLLOWS}
+    rules = {f.name: f.rule(f.source) for f in FOLLOWS}
     rules |= {name: "each model length of a text" for name in PER_MODEL_LENGTH}
     return {name: rule for name, rule in rules.items() if name not in settings.given}
 
@@ -163,9 +167,7 @@ def contradictions(settings: Settings) -> Iterator[tuple[str, str, str]]:
 def follows_note(name: str) -> str:
     """How a limit's default follows another (:data:`FOLLOWS`) and moves to fit the ones the user
     sets (:data:`BOUNDS`), for ``--help`` and the docs; "" for a setting whose default never moves."""
-    notes = [
-        f"following {'' if f.times == 1 else f'{f.times} x '}{flag_name(f.source)}" for f in FOLLOWS if f.name == name
-    ]
+    notes = [f"following {f.rule(flag_name(f.source))}" for f in FOLLOWS if f.name == name]
     if name in PER_MODEL_LENGTH:
         notes.append("for each model length of a text unless set")
     lowers = [flag_name(b.lower) for b in BOUNDS if b.upper == name]
