@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
+import time
 from pathlib import Path
 
 import aiohttp
@@ -37,6 +38,21 @@ async def test_drain_budget_spent_answers_the_rest_503(make_client: ClientFactor
     assert (await held.busy).status == 200
 
 
+QUEUED_BEFORE_SIGTERM = 10
+QUEUED_WITHIN_S = 60.0  # generous: on a busy machine 120 uploads take a while to reach the queue
+
+
+async def wait_until_queue_holds(session: aiohttp.ClientSession, base: str, texts: int) -> bool:
+    """Until ``/readyz`` shows at least ``texts`` queued; bounded by ``QUEUED_WITHIN_S``."""
+    ends = time.monotonic() + QUEUED_WITHIN_S
+    while time.monotonic() < ends:
+        async with session.get(base + "/readyz") as response:
+            if (await response.json())["queue_depth"] >= texts:
+                return True
+        await asyncio.sleep(0.01)
+    return False
+
+
 async def test_sigterm_with_requests_in_flight_answers_them_all_then_exits_0(tmp_path: Path) -> None:
     server = start_maskserve(
         "--torch-threads", "1", "--max-batch-size", "1", "--drain-timeout", "60", log_path=tmp_path / "server.log"
@@ -55,7 +71,9 @@ async def test_sigterm_with_requests_in_flight_answers_them_all_then_exits_0(tmp
                     return str((await response.json())["error_type"])
 
             tasks = [asyncio.create_task(ask(t)) for t in texts]
-            await asyncio.sleep(0.3)  # let every request reach its handler
+            # SIGTERM only once the queue is really deep: a fixed pause raced a busy machine, where
+            # the requests had not reached the queue yet and the drain found nothing to finish.
+            assert await wait_until_queue_holds(session, server.url, QUEUED_BEFORE_SIGTERM), "nothing queued"
             server.signal(signal.SIGTERM)
             statuses = await asyncio.gather(*tasks, return_exceptions=True)
         exit_code = await asyncio.to_thread(server.wait, 30)
