@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from maskserve.api.oip_tensors import DATATYPE, OUTPUT_NAME, infer_request_schema
 from maskserve.config.settings import Settings
 from maskserve.errors import MaskserveError
 from maskserve.middleware.error_sanitizer import REQUEST_ID_HEADER
 from maskserve.tasks.fill_mask_request import request_schema
+from maskserve.tasks.oip_tensors import DATATYPE, OUTPUT_NAMES, infer_request_schema
 from maskserve.tasks.score_request import score_request_schema
 
 JSON = "application/json"
@@ -161,12 +161,15 @@ def component_schemas(settings: Settings) -> dict[str, Schema]:
                         "type": "object",
                         "required": ["name", "datatype", "shape"],
                         "properties": {
-                            "name": {"const": OUTPUT_NAME},
+                            "name": {"enum": list(OUTPUT_NAMES)},
                             "datatype": {"const": DATATYPE},
                             "shape": {"type": "array", "items": {"type": "integer", "minimum": 1}},
                             "data": {
                                 "type": "array",
-                                "description": "Per text, the JSON that POST / answers for that text, as a string.",
+                                "description": (
+                                    "Per text, the JSON that POST / (predictions) or POST /score (scores) answers "
+                                    "for that text, as a string."
+                                ),
                                 "items": {"type": "string"},
                             },
                             "parameters": {"type": "object"},

@@ -5,7 +5,6 @@ to a route: :func:`fixed`, :func:`for_model`, :func:`versioned`. The route table
 
 from __future__ import annotations
 
-from maskserve.api.oip_tensors import DATATYPE, HEADER_LENGTH, INPUT_NAME, OUTPUT_NAME
 from maskserve.api.openapi_components import (
     JSON,
     Schema,
@@ -21,6 +20,7 @@ from maskserve.config.settings import Settings
 from maskserve.middleware.error_sanitizer import REQUEST_ID_HEADER
 from maskserve.request.deadlines import TIMEOUT_HEADER
 from maskserve.service.registry import Describe
+from maskserve.tasks.oip_tensors import DATATYPE, HEADER_LENGTH, INPUT_NAME, OUTPUT_NAME, SCORES_NAME
 from maskserve.tasks.pseudo_likelihood import METRICS
 from maskserve.tasks.score_request import DEFAULT_METRIC
 
@@ -203,12 +203,14 @@ def oip_probe_operation(summary: str, *, per_model: bool = False) -> Schema:
 def oip_infer_doc(settings: Settings, mask_token: str) -> Schema:
     example = f"Paris is the {mask_token} of France."
     return {
-        "summary": "Open Inference Protocol inference: texts in, each text's predictions out",
+        "summary": "Open Inference Protocol inference: texts in, each text's predictions (or scores) out",
         "description": (
-            f'One BYTES input "{INPUT_NAME}" of shape [n], 1 <= n <= {settings.max_inputs}; one BYTES output '
-            f'"{OUTPUT_NAME}" of the same shape, each element the JSON `POST /` answers for that text. '
-            "`top_k`, `targets` (comma-separated, or a list) and `multi_token_targets` are request parameters, "
-            "as for `POST /`. Tensors in JSON, or "
+            f'One BYTES input "{INPUT_NAME}" of shape [n], 1 <= n <= {settings.max_inputs}; the BYTES output the '
+            f'request names (outputs[0].name), of the same shape: "{OUTPUT_NAME}" (the default), each element '
+            f'the JSON `POST /` answers for that text, or "{SCORES_NAME}", the JSON `POST /score` answers for it. '
+            "`top_k`, `targets` (comma-separated, or a list) and `multi_token_targets` are request parameters "
+            f'of "{OUTPUT_NAME}", as for `POST /`; `metric` and `tokens` of "{SCORES_NAME}", as for `POST /score`; '
+            "`long_text` of both. Tensors in JSON, or "
             f"in Triton's binary tensor data extension ({HEADER_LENGTH}; the answer follows the request's "
             "binary_data / binary_data_output). Same limits, admission, deadline and errors as `POST /`."
         ),
@@ -227,7 +229,9 @@ def oip_infer_doc(settings: Settings, mask_token: str) -> Schema:
             },
         },
         "responses": {
-            "200": ok("Each text's predictions.", JSON, ref("InferResponse"), **timing_headers(), **windows_header())
+            "200": ok(
+                "Each text's predictions or scores.", JSON, ref("InferResponse"), **timing_headers(), **windows_header()
+            )
             | {
                 "content": {
                     JSON: {"schema": ref("InferResponse")},

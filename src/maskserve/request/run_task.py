@@ -17,9 +17,9 @@ from aiohttp.web_request import FileField
 from multidict import MultiDictProxy
 
 from maskserve.errors import BodyTimeout, InvalidHeader, MaskserveError
-from maskserve.model_api import Query
 from maskserve.request.deadlines import request_deadline
 from maskserve.request.keys import service_of, state_of
+from maskserve.request.state import RequestState
 from maskserve.service.registry import ServedModel
 from maskserve.serving.work_queue import Answer, slowest
 from maskserve.tasks.task import AnswerT, PlanT, Ran, RequestT, Task
@@ -87,32 +87,37 @@ def request_media_type(request: web.Request) -> str:
         raise InvalidHeader("the Content-Type header cannot be parsed", field="Content-Type") from None
 
 
-async def answer(request: web.Request, queries: Sequence[Query], served: ServedModel) -> list[Answer]:
-    """Admit a request's rows on ``served``'s whole cost, queue them and wait for their answers,
-    which are kept on the request for the metrics."""
-    state = state_of(request)
-    answers = await served.answer(queries, request_deadline(request), state.trace)
-    state.answers = answers
-    return answers
-
-
 async def run_task(
     request: web.Request,
     served: ServedModel,
     task: Task[RequestT, PlanT, AnswerT],
     read: Callable[[], Awaitable[RequestT]],
 ) -> Ran[RequestT, AnswerT]:
-    """Any task for any surface, one way: ``read`` (the surface's own reading of its input into the
-    task's request), the task's plan (tokenized off the event loop when long), admission on the
-    plan's whole cost, the queue, and the rows' answers folded back (off the loop when long).
+    """:func:`run_recorded` for an HTTP request: its record, with its deadline fixed."""
+    request_deadline(request)
+    return await run_recorded(state_of(request), served, task, read)
+
+
+async def run_recorded(
+    state: RequestState,
+    served: ServedModel,
+    task: Task[RequestT, PlanT, AnswerT],
+    read: Callable[[], Awaitable[RequestT]],
+) -> Ran[RequestT, AnswerT]:
+    """Any task for any surface and protocol, one way: ``read`` (the surface's own reading of its
+    input into the task's request), the task's plan (tokenized off the event loop when long),
+    admission on the plan's whole cost by the record's deadline, the queue, and the rows' answers
+    folded back (off the loop when long). What the metrics need is kept on the record.
 
     Reading and planning are the request's ``maskserve.parse`` step: the surface's mistakes and the
     texts' are found there, before any work is queued."""
-    with state_of(request).trace.step("maskserve.parse"):
+    with state.trace.step("maskserve.parse"):
         asked = await read()
         plan = await served.plan(task, asked)
-    rows = await answer(request, plan.queries, served)
-    state_of(request).windows = plan.windows
+    if state.deadline is None:
+        raise RuntimeError("a request runs only once its deadline is fixed; this is a bug")
+    rows = state.answers = await served.answer(plan.queries, state.deadline, state.trace)
+    state.windows = plan.windows
     return Ran(asked, await served.fold(task, plan, rows), rows, plan.windows)
 
 
@@ -133,9 +138,14 @@ def windows_header(windows: Sequence[int]) -> dict[str, str]:
 
 
 def note_error(request: web.Request, error: MaskserveError) -> None:
+    """Record what a request was answered with (:func:`record_error`). Called by the error stage,
+    and by the demo page for the errors it shows."""
+    record_error(state_of(request), error)
+
+
+def record_error(state: RequestState, error: MaskserveError) -> None:
     """Record what a request was answered with; a server-side failure is logged (never its
-    client's mistakes). Called by the error stage, and by the demo page for the errors it shows."""
-    state = state_of(request)
+    client's mistakes). Every protocol's error path calls this."""
     state.kind, state.error = error.kind, error
     if error.status >= 500 and error.kind != "internal":  # internal ones are logged with their traceback
         log.warning("%s: %s [request_id=%s]", error.kind, error.message, state.id)

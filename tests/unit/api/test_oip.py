@@ -76,7 +76,9 @@ async def test_tritonclient_reads_metadata_and_health(make_client: ClientFactory
     assert server["name"] == "maskserve" and "binary_tensor_data" in server["extensions"]
     assert model["name"] == "fill-mask-bert" and model["platform"] == "pytorch"
     assert model["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
-    assert model["outputs"] == [{"name": "predictions", "datatype": "BYTES", "shape": [-1]}]
+    assert model["outputs"] == [
+        {"name": name, "datatype": "BYTES", "shape": [-1]} for name in ("predictions", "scores")
+    ]
     assert model["parameters"]["mask_token"] == "[MASK]"
 
 
@@ -404,3 +406,40 @@ def scores_of(answers: Any) -> list[float]:
     if isinstance(answers, list):
         return [score for item in answers for score in scores_of(item)]
     return [answers["score"]]
+
+
+@pytest.mark.parametrize("binary", [True, False])
+async def test_the_scores_output_answers_as_post_score_does(make_client: ClientFactory, binary: bool) -> None:
+    client = await make_client()
+    texts = ["Paris is the capital of France.", "The cat sat on the mat."]
+
+    def infer(server: triton.InferenceServerClient) -> list[Any]:
+        outputs = [triton.InferRequestedOutput("scores", binary_data=binary)]
+        result = server.infer(
+            "maskserve", [texts_input(texts, binary=binary)], outputs=outputs, parameters={"tokens": True}
+        )
+        return [json.loads(item) for item in result.as_numpy("scores")]
+
+    scored = await in_thread(client, infer)
+    response = await client.post("/score", json={"inputs": texts, "parameters": {"tokens": True}})
+    assert response.status == 200
+    assert scored == await response.json()
+    assert all(len(text["tokens"]) > 3 and text["windows"] == 1 for text in scored)
+
+
+@pytest.mark.parametrize(
+    ("outputs", "parameters", "field", "message"),
+    [
+        ([{"name": "scores"}], {"top_k": 3}, "parameters.top_k", "a parameter of the 'predictions' output"),
+        (None, {"metric": "original"}, "parameters.metric", "a parameter of the 'scores' output"),
+        ([{"name": "scores"}], {"metric": "lowest"}, "parameters.metric", "must be one of"),
+        ([{"name": "scores"}, {"name": "predictions"}], {}, "outputs", "one output"),
+    ],
+)
+async def test_one_outputs_parameters_on_the_other_are_refused_naming_them(
+    make_client: ClientFactory, outputs: Any, parameters: dict[str, Any], field: str, message: str
+) -> None:
+    client = await make_client()
+    body = infer_body([PARIS], parameters=parameters) | ({"outputs": outputs} if outputs else {})
+    error = await error_of(await client.post("/v2/models/maskserve/infer", json=body), 422, "invalid_input")
+    assert error["field"] == field and message in error["error"], error

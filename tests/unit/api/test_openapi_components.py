@@ -11,7 +11,6 @@ import pytest
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from maskserve.api.oip_tensors import InferRequest, infer_request_schema, infer_response
 from maskserve.api.openapi_components import (
     JSON,
     REQUEST_ID,
@@ -29,6 +28,7 @@ from maskserve.config.settings import Settings
 from maskserve.errors import MaskserveError, NoMaskToken, Overloaded, ResponseTooLarge
 from maskserve.middleware.error_sanitizer import REQUEST_ID_HEADER
 from maskserve.tasks.fill_mask_request import FillMaskRequest, request_schema
+from maskserve.tasks.oip_tensors import InferRequest, infer_request_schema, infer_response
 from maskserve.tasks.score_request import score_request_schema
 
 LIMITS = {"max_inputs": 7, "max_top_k": 9, "max_score_tokens": 11}

@@ -9,7 +9,11 @@ from typing import Any
 
 import pytest
 
-from maskserve.api.oip_tensors import (
+from maskserve.config.bounds import settings_from
+from maskserve.config.settings import Settings
+from maskserve.errors import InvalidBody, InvalidInput
+from maskserve.tasks.fill_mask_request import FillMaskRequest
+from maskserve.tasks.oip_tensors import (
     HEADER_LENGTH,
     InferRequest,
     InferRequestParser,
@@ -17,10 +21,6 @@ from maskserve.api.oip_tensors import (
     encode_bytes_tensor,
     infer_response,
 )
-from maskserve.config.bounds import settings_from
-from maskserve.config.settings import Settings
-from maskserve.errors import InvalidBody, InvalidInput
-from maskserve.tasks.fill_mask_request import FillMaskRequest
 
 PARIS = "Paris is the [MASK] of France."
 TWO_MASKS = "The [MASK] sat on the [MASK]."

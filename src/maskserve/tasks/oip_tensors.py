@@ -1,11 +1,19 @@
 """The Open Inference Protocol's ("KServe v2") infer request and response for fill-mask. No aiohttp.
 
-The model takes one BYTES input, ``text``, of shape ``[-1]``: one or more UTF-8 texts. It answers
-one BYTES output, ``predictions``, of the same shape: per text, the JSON that ``POST /`` answers
-for that text alone (as MLServer's Hugging Face runtime does). ``top_k`` and ``targets`` are
-request ``parameters``; the protocol's parameter values are scalars, so ``targets`` is a string,
-comma-separated for several words (a JSON list is accepted too). ``multi_token_targets`` is as
-for ``POST /``, and so is ``long_text`` (windows, or a 422, for a text longer than the model reads).
+The model takes one BYTES input, ``text``, of shape ``[-1]``: one or more UTF-8 texts. It has two
+BYTES outputs of the same shape, and a request asks for one (``predictions`` when it names none):
+
+- ``predictions``: fill-mask. Per text, the JSON that ``POST /`` answers for that text alone (as
+  MLServer's Hugging Face runtime does). ``top_k`` and ``targets`` are request ``parameters``; the
+  protocol's parameter values are scalars, so ``targets`` is a string, comma-separated for several
+  words (a JSON list is accepted too). ``multi_token_targets`` is as for ``POST /``.
+- ``scores``: the pseudo-log-likelihood. Per text, the JSON ``POST /score`` answers for that text
+  (``score``, ``windows``, and ``tokens`` when the ``tokens`` parameter is true); ``metric`` is as
+  for ``POST /score``.
+
+``long_text`` (windows, or a 422, for a text longer than the model reads) applies to both. A
+parameter of the other output is refused, naming it. The REST route and the gRPC service
+(``rpc/``) read the same document: JSON over REST, the protobuf message turned into it over gRPC.
 
 Tensor data comes as JSON (the protocol's required form) or in Triton's binary tensor data
 extension, which ``tritonclient`` uses by default: the body is the JSON header
@@ -28,10 +36,22 @@ import jsonschema
 from maskserve.config.settings import Settings
 from maskserve.errors import InvalidBody, InvalidInput
 from maskserve.tasks.fill_mask_request import FillMaskRequest, multi_token_targets_schema
+from maskserve.tasks.pseudo_likelihood import METRICS
 from maskserve.tasks.request_checks import load_json, long_text_schema, schema_error
+from maskserve.tasks.score_request import DEFAULT_METRIC, ScoreRequest
 
 INPUT_NAME = "text"
+# The fill-mask output, and the one answered when a request names none.
 OUTPUT_NAME = "predictions"
+# The scoring output: each text's pseudo-log-likelihood, as POST /score answers it.
+SCORES_NAME = "scores"
+OUTPUT_NAMES = (OUTPUT_NAME, SCORES_NAME)
+_OUTPUTS_SAID = " or ".join(f'"{name}"' for name in OUTPUT_NAMES)
+# Each output's own parameters: one output's are refused on a request for the other.
+TASK_PARAMETERS = {
+    OUTPUT_NAME: ("top_k", "targets", "multi_token_targets"),
+    SCORES_NAME: ("metric", "tokens"),
+}
 DATATYPE = "BYTES"
 # Triton's binary tensor data extension: the JSON header's length, in a request and in a response.
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -60,6 +80,11 @@ def infer_request_schema(settings: Settings) -> dict[str, Any]:
                         },
                     },
                     "multi_token_targets": multi_token_targets_schema(),
+                    "metric": {
+                        "enum": list(METRICS),
+                        "x-messages": {"enum": f"parameters.metric must be one of {', '.join(METRICS)}"},
+                    },
+                    "tokens": {"type": "boolean"},
                     "long_text": long_text_schema(),
                     "binary_data_output": {"type": "boolean"},
                 },
@@ -90,11 +115,15 @@ def infer_request_schema(settings: Settings) -> dict[str, Any]:
             "outputs": {
                 "type": "array",
                 "maxItems": 1,
+                "x-messages": {"maxItems": f"outputs may name one output: {_OUTPUTS_SAID}"},
                 "items": {
                     "type": "object",
                     "required": ["name"],
                     "properties": {
-                        "name": {"const": OUTPUT_NAME},
+                        "name": {
+                            "enum": list(OUTPUT_NAMES),
+                            "x-messages": {"enum": f"outputs[0].name must be {_OUTPUTS_SAID}"},
+                        },
                         "parameters": {**parameters, "properties": {"binary_data": {"type": "boolean"}}},
                     },
                 },
@@ -105,11 +134,13 @@ def infer_request_schema(settings: Settings) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class InferRequest:
-    """A parsed infer request: what to fill, its id to echo, and whether to answer in binary."""
+    """A parsed infer request: what to fill or score, its id to echo, which output it asked for and
+    whether to answer in binary."""
 
-    request: FillMaskRequest
+    request: FillMaskRequest | ScoreRequest
     id: str | None
     binary_output: bool
+    output: str = OUTPUT_NAME
 
 
 def _flatten(data: list[Any]) -> list[Any]:
@@ -153,13 +184,19 @@ class InferRequestParser:
         self._validator = jsonschema.Draft202012Validator(infer_request_schema(settings))
 
     def parse(self, body: bytes, header_length: str | None) -> InferRequest:
+        """A REST body: JSON, or Triton's binary form (its JSON header's length given)."""
         header, binary = self._split(body, header_length)
-        document = load_json(header, self.settings.max_json_depth)
+        return self.parse_document(load_json(header, self.settings.max_json_depth), binary)
+
+    def parse_document(self, document: object, binary: bytes = b"") -> InferRequest:
+        """An infer request as the JSON document the protocol defines, and the binary tensor data
+        its input names (``binary_data_size``): what REST bodies and gRPC messages both become."""
         error = jsonschema.exceptions.best_match(self._validator.iter_errors(document))
         if error is not None:
             raise schema_error(error)
+        assert isinstance(document, dict)  # the schema says so
         tensor = document["inputs"][0]
-        texts = self._texts(tensor, binary)
+        texts = tuple(self._texts(tensor, binary))
         parameters = document.get("parameters") or {}
         outputs = document.get("outputs")
         binary_output = (
@@ -167,22 +204,39 @@ class InferRequestParser:
             if outputs
             else bool(parameters.get("binary_data_output", False))
         )
-        top_k = parameters.get("top_k")
-        mode = parameters.get("multi_token_targets")
+        output = outputs[0]["name"] if outputs else OUTPUT_NAME
+        for other, names in TASK_PARAMETERS.items():
+            wrong = next((name for name in names if other != output and name in parameters), None)
+            if wrong is not None:
+                raise InvalidInput(
+                    f"parameters.{wrong} is a parameter of the {other!r} output; this request asks for {output!r}",
+                    field=f"parameters.{wrong}",
+                )
         long_text = parameters.get("long_text")
-        return InferRequest(
-            request=FillMaskRequest(
-                texts=tuple(texts),
+        more: dict[str, Any] = {} if long_text is None else {"long_text": long_text}
+        request: FillMaskRequest | ScoreRequest
+        if output == SCORES_NAME:
+            request = ScoreRequest(
+                texts=texts,
+                batched=True,
+                metric=parameters.get("metric", DEFAULT_METRIC),
+                tokens=bool(parameters.get("tokens", False)),
+                element="inputs[0].data[{index}]",
+                **more,
+            )
+        else:
+            top_k = parameters.get("top_k")
+            mode = parameters.get("multi_token_targets")
+            request = FillMaskRequest(
+                texts=texts,
                 batched=True,
                 location="inputs[0].data",
                 top_k=self.settings.default_top_k if top_k is None else int(top_k),
                 targets=self._targets(parameters.get("targets")),
                 **({} if mode is None else {"multi_token_targets": mode}),
-                **({} if long_text is None else {"long_text": long_text}),
-            ),
-            id=document.get("id"),
-            binary_output=binary_output,
-        )
+                **more,
+            )
+        return InferRequest(request=request, id=document.get("id"), binary_output=binary_output, output=output)
 
     def _split(self, body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
         if header_length is None:
@@ -245,12 +299,12 @@ def infer_response(
 ) -> tuple[bytes, dict[str, str]]:
     """The infer response's body and headers, in JSON or in the binary extension as asked.
 
-    Each text's output element is the JSON ``POST /`` answers for that text alone, as the
-    inference thread made it (``Answer.json``). ``model_version`` is there when the request named
+    Each text's output element is the JSON ``POST /`` (or ``POST /score``) answers for that text
+    alone. ``model_version`` is there when the request named
     a version, and the request's ``id`` is echoed.
     """
     items = list(texts_json)
-    output: dict[str, Any] = {"name": OUTPUT_NAME, "datatype": DATATYPE, "shape": [len(items)]}
+    output: dict[str, Any] = {"name": request.output, "datatype": DATATYPE, "shape": [len(items)]}
     response: dict[str, Any] = {"model_name": model_name, "outputs": [output]}
     if version is not None:
         response["model_version"] = version

@@ -1,0 +1,104 @@
+"""The Open Inference Protocol's view of a served model, for every transport (REST in ``api/oip.py``,
+gRPC in ``rpc/``): its one version, its metadata and configuration, and infer, which runs the task
+its requested output names through the one path every surface takes (:func:`run_recorded`).
+No HTTP and no gRPC here.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from maskserve import __version__
+from maskserve.errors import NotFound
+from maskserve.model_api import describe_model
+from maskserve.request.run_task import run_recorded
+from maskserve.request.state import RequestState
+from maskserve.service.registry import ServedModel
+from maskserve.serving.work_queue import Answer
+from maskserve.tasks.fill_mask_request import FillMaskRequest
+from maskserve.tasks.oip_tensors import DATATYPE, INPUT_NAME, OUTPUT_NAMES, InferRequest, InferRequestParser
+from maskserve.tasks.score_request import ScoreRequest, text_score_json
+
+# The one version of each model this server serves: model metadata lists it, and a request may name it.
+MODEL_VERSION = "1"
+# The protocol's platform names for what runs the model (its "Platforms" list has no eager PyTorch).
+PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "openvino": "openvino"}
+
+
+def server_metadata_of() -> dict[str, Any]:
+    """Who serves, and which protocol extensions."""
+    # binary_tensor_data: Triton's binary form of tensors, which tritonclient uses by default.
+    return {"name": "maskserve", "version": __version__, "extensions": ["binary_tensor_data"]}
+
+
+def check_version(served: ServedModel, version: str | None) -> None:
+    """A 404 unless ``version`` is None (or empty, as gRPC leaves an unset field) or the one served."""
+    if version and version != MODEL_VERSION:
+        raise NotFound(f"no version {version!r} of model {served.name!r} here; it serves version {MODEL_VERSION!r}")
+
+
+def backend_of(served: ServedModel) -> str:
+    model = served.parts.model if served.parts is not None else None
+    return str(describe_model(model).get("backend", "torch")) if model is not None else "torch"
+
+
+def model_metadata_of(served: ServedModel) -> dict[str, Any]:
+    """The model's metadata: texts in, each output's JSON out, and what a client needs to build texts."""
+    tensor = {"datatype": DATATYPE, "shape": [-1]}
+    metadata: dict[str, Any] = {
+        "name": served.name,
+        "versions": [MODEL_VERSION],
+        "platform": PLATFORMS.get(backend_of(served), "pytorch"),
+        "inputs": [{"name": INPUT_NAME, **tensor}],
+        "outputs": [{"name": name, **tensor} for name in OUTPUT_NAMES],
+    }
+    if served.parts is not None:
+        model = served.parts.model
+        metadata["parameters"] = {"mask_token": model.mask_token, "max_tokens": model.max_tokens}
+    return metadata
+
+
+# One per served model: the parser compiles its JSON schema once, not per request. Keyed by the
+# served model itself, whose hash is its identity (hashing its frozen settings, some forty fields,
+# would cost every request); a server's handful of models fills it.
+@functools.lru_cache(maxsize=64)
+def infer_parser(served: ServedModel) -> InferRequestParser:
+    """The protocol's infer request parser, bound to ``served``'s limits."""
+    return InferRequestParser(served.settings)
+
+
+@dataclass(frozen=True)
+class Inferred:
+    """An infer request's answer: each text's output element (JSON), and how its texts were served."""
+
+    texts_json: list[bytes]
+    rows: list[Answer]
+    windows: tuple[int, ...]
+
+
+async def run_infer(state: RequestState, served: ServedModel, envelope: InferRequest) -> Inferred:
+    """Run the task the request's output names: ``predictions`` fills masks, ``scores`` scores."""
+
+    request = envelope.request
+    if isinstance(request, ScoreRequest):
+        asked_score = request
+
+        async def read_score() -> ScoreRequest:
+            return asked_score
+
+        scored = await run_recorded(state, served, served.score, read_score)
+        texts = [
+            json.dumps(text_score_json(score, asked_score.tokens, count)).encode()
+            for score, count in zip(scored.result, scored.windows, strict=True)
+        ]
+        return Inferred(texts, list(scored.rows), tuple(scored.windows))
+    asked_fill: FillMaskRequest = request
+
+    async def read_fill() -> FillMaskRequest:
+        return asked_fill
+
+    filled = await run_recorded(state, served, served.fill_mask, read_fill)
+    return Inferred([answer.json for answer in filled.result], list(filled.rows), tuple(filled.windows))
