@@ -9,8 +9,8 @@ import-linter contracts in setup.cfg (``tox -e style``) hold the code to this ta
     layer                    job
     __main__                 the entry point: argv + env -> settings -> model -> serve
     server                   the process: one server, or several on one port under gunicorn
-    http                     create_app(), the route table, the load agent the app starts
-    api | demo               the surfaces: HF and raw bodies, OIP, probes, /info, OpenAPI | the forms
+    http                     create_app(), the route table, the load agent and gRPC server the app starts
+    api | demo | rpc         HTTP surfaces: HF and raw bodies, OIP, probes, /info, OpenAPI | the forms | OIP over gRPC
     middleware               the stages around every handler, one per file, and the chain
     request                  one request's record, keys, deadline, access line; run_task, its one path
     service                  the served models behind one handle; where the server is in its life

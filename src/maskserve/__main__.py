@@ -58,6 +58,13 @@ def log_followed_defaults(settings: Settings) -> None:
             log.info("model %r: %s is %r: its default follows %s=%r", *own)
 
 
+def listen_failure(settings: Settings, exc: OSError) -> str:
+    """The one line that says which port could not be listened on, and why."""
+    if exc.strerror is None and exc.args and "gRPC" in str(exc.args[0]):
+        return str(exc.args[0])  # the gRPC server's own, naming its address
+    return f"cannot listen on {settings.host}:{settings.port} ({exc.strerror or exc})"
+
+
 def _load_and_serve(settings: Settings) -> int:
     if settings.workers > 1:
         # gunicorn forks the workers; each loads its own model (workers.py).
@@ -80,10 +87,11 @@ def _load_and_serve(settings: Settings) -> int:
         log.error("cannot start: %s", exc)
         return 2
     except OSError as exc:
-        # Port taken, address not on this machine, no permission: the operator's to fix, and a
-        # traceback would only hide the one line that says so.
-        log.error("cannot start: cannot listen on %s:%d (%s)", settings.host, settings.port, exc.strerror or exc)
-        return 1
+        # Port taken, address not on this machine, no permission: a setting that cannot be used
+        # here (exit 2, as for a bad value), the operator's to fix; a traceback would only hide
+        # the one line that says so.
+        log.error("cannot start: %s", listen_failure(settings, exc))
+        return 2
     return 0
 
 

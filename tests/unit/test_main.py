@@ -78,13 +78,13 @@ def test_a_model_path_that_is_missing_or_a_file_exits_1_naming_the_folder(tmp_pa
 
 
 @pytest.mark.slow
-def test_port_in_use_exits_1_with_a_clear_message() -> None:
+def test_port_in_use_exits_2_with_a_clear_message() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         result = run_maskserve("--port", str(port), "--torch-threads", "1")
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "cannot start" in result.stderr and f"127.0.0.1:{port}" in result.stderr
     assert "Traceback" not in result.stderr
 

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from maskserve.api.health import live, probe_response, ready
+from maskserve.api.health import probe_response
 from maskserve.request.deadlines import request_deadline
 from maskserve.request.keys import service_of, state_of
 from maskserve.request.oip_model import check_version, infer_parser, model_metadata_of, run_infer, server_metadata_of
 from maskserve.request.run_task import read_body, served_model, timing_headers, windows_header
+from maskserve.service.health import live, ready
 from maskserve.service.registry import ServedModel
 from maskserve.tasks.oip_tensors import HEADER_LENGTH, infer_response
 

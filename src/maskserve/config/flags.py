@@ -79,7 +79,17 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "max_word_copies",
         "max_response_bytes",
     ),
-    "server": ("host", "port", "workers", "drain_delay", "drain_timeout", "middleware", "api_key", "cors_origins"),
+    "server": (
+        "host",
+        "port",
+        "grpc_port",
+        "workers",
+        "drain_delay",
+        "drain_timeout",
+        "middleware",
+        "api_key",
+        "cors_origins",
+    ),
     "connections": (
         "header_timeout",
         "body_timeout",

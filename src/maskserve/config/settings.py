@@ -281,6 +281,13 @@ class Settings:
         "by its load (full when idle, lower as its queue and predicted wait grow, never zero) or "
         "'drain' while it shuts down. A load signal for balancers, apart from /readyz. 0 = off.",
     )
+    grpc_port: int = _setting(
+        0,
+        values.port,
+        "A TCP port for the Open Inference Protocol over gRPC (Triton's inference.GRPCInferenceService, "
+        "the grpc.health.v1 health service and server reflection), beside HTTP, in the same process. "
+        "0 = off; Triton's port is 8001, which the container image sets.",
+    )
     log_level: str = _setting("info", values.choice("debug", "info", "warning", "error"), "Logging level.")
     log_json: bool = _setting(False, values.flag, "Log one JSON object per line.", flag_kind="bool")
     middleware: str = _setting(

@@ -7,12 +7,13 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import aiohttp_jinja2
 import jinja2
 from aiohttp import web
 
-from maskserve.api.health import ready
 from maskserve.config.flags import SettingsCheck
 from maskserve.config.model_configs import ModelConfig, model_configs
 from maskserve.config.model_configs import check as check_models
@@ -26,10 +27,14 @@ from maskserve.middleware.chain import Spec, build_chain
 from maskserve.middleware.slow_clients import connections_middleware
 from maskserve.model_api import FillMaskModel, ModelSpec
 from maskserve.request.keys import SERVICE_KEY
+from maskserve.service.health import ready
 from maskserve.service.registry import FillMaskService, Loaded, ModelParts
 from maskserve.serving.admission import Admission
 from maskserve.serving.batcher import Batcher
 from maskserve.serving.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from maskserve.rpc.server import GrpcServer
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +162,54 @@ async def close_connections_while_draining(request: web.Request, response: web.S
         response.headers["Connection"] = "close"
 
 
+@dataclass
+class GrpcServing:
+    """The app's gRPC server, and its stop once begun."""
+
+    server: GrpcServer
+    stopping: asyncio.Task[None] | None = None
+
+
+GRPC_KEY = web.AppKey("grpc", GrpcServing)
+
+
+async def grpc_context(app: web.Application) -> AsyncIterator[None]:
+    """The gRPC server (``--grpc-port``) for the app's life: started in the app's loop once the
+    models are loaded; stopped after the drain (its intake closed at its start, stop_grpc_intake)."""
+    from maskserve.rpc.server import GrpcServer  # grpcio only when the port is asked for
+
+    service = app[SERVICE_KEY]
+    spans = None
+    if "tracing" in service.middleware:
+        from maskserve.middleware.request_tracing import TRACING_KEY
+        from maskserve.rpc.tracing import RpcSpans
+
+        spans = RpcSpans(app[TRACING_KEY].tracing)
+    serving = app[GRPC_KEY] = GrpcServing(GrpcServer(service, spans=spans, reuse_port=service.settings.workers > 1))
+    await serving.server.start()
+    try:
+        yield
+    finally:
+        stop_grpc_intake_now(app)
+        assert serving.stopping is not None
+        await serving.stopping
+
+
+def stop_grpc_intake_now(app: web.Application) -> None:
+    """Begin the gRPC server's stop: no new calls; those in flight get the drain budget and a
+    margin, as HTTP handlers do (serve.make_runner's shutdown_timeout)."""
+    serving = app[GRPC_KEY]
+    if serving.stopping is None:
+        grace = app[SERVICE_KEY].settings.drain_timeout + 1.0
+        serving.stopping = asyncio.create_task(serving.server.stop(grace), name="maskserve-grpc-stop")
+
+
+async def stop_grpc_intake(app: web.Application) -> None:
+    """``on_shutdown``, before the drain: gRPC's intake closes when HTTP's listener does."""
+    if GRPC_KEY in app:
+        stop_grpc_intake_now(app)
+
+
 async def drain_on_shutdown(app: web.Application) -> None:
     """The listener has closed (after the drain delay): refuse new work, finish what was accepted
     within the drain budget."""
@@ -222,6 +275,10 @@ def create_app(
     app.cleanup_ctx.append(inference_context(engines, thread))
     if settings.agent_port:
         app.cleanup_ctx.append(agent_context(settings.agent_port))
+    if settings.grpc_port:
+        # After the models' context: no call is taken before they are loaded.
+        app.cleanup_ctx.append(grpc_context)
+        app.on_shutdown.append(stop_grpc_intake)  # before the drain, as the HTTP listener closes
     app.on_shutdown.append(drain_on_shutdown)
     # The demo page's templates, from the package; autoescape on, and a missing variable is an
     # error rather than an empty string.

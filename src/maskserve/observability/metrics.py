@@ -60,14 +60,16 @@ class Metrics:
         registry = self.registry
         self.requests = Counter(
             "maskserve_requests",
-            "HTTP requests answered, by route, status code, kind (ok or the error kind) and model.",
-            ["route", "status", "kind", "model"],
+            "Requests answered, by protocol (http or grpc), route (an HTTP route's name or a gRPC "
+            "method), status code (HTTP's, or its equivalent for a gRPC status), kind (ok or the "
+            "error kind) and model.",
+            ["protocol", "route", "status", "kind", "model"],
             registry=registry,
         )
         self.request_seconds = Histogram(
             "maskserve_request_duration_seconds",
-            "Time from the request reaching the app to its response, by route and model.",
-            ["route", "model"],
+            "Time from the request reaching the app to its response, by protocol, route and model.",
+            ["protocol", "route", "model"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
@@ -192,13 +194,54 @@ class Metrics:
         for count in windows:
             read.observe(count)
 
-    def observe_request(self, route: str, status: int, kind: str, seconds: float, model: str = "") -> None:
-        self.requests.labels(route=route, status=str(status), kind=kind, model=model).inc()
-        self.request_seconds.labels(route=route, model=model).observe(seconds)
+    def observe_request(
+        self, route: str, status: int, kind: str, seconds: float, model: str = "", protocol: str = "http"
+    ) -> None:
+        self.requests.labels(protocol=protocol, route=route, status=str(status), kind=kind, model=model).inc()
+        self.request_seconds.labels(protocol=protocol, route=route, model=model).observe(seconds)
+
+    def model_statistics(self, model: str) -> ModelStatistics:
+        """What this process has served of ``model``, read from its series (Triton's statistics)."""
+        succeeded = failed = 0
+        for metric in self.requests.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_total") and sample.labels["model"] == model:
+                    if sample.labels["kind"] == "ok":
+                        succeeded += int(sample.value)
+                    else:
+                        failed += int(sample.value)
+
+        def count_and_sum(histogram: Histogram) -> tuple[int, float]:
+            found = {"count": 0.0, "sum": 0.0}
+            for metric in histogram.collect():
+                for sample in metric.samples:
+                    for part in found:
+                        if sample.name.endswith("_" + part) and sample.labels.get("model") == model:
+                            found[part] = sample.value
+            return int(found["count"]), found["sum"]
+
+        batches, texts = count_and_sum(self.batch_size)
+        _, inference_s = count_and_sum(self.inference_seconds)
+        waits, waited_s = count_and_sum(self.queue_wait_seconds)
+        return ModelStatistics(succeeded, failed, int(texts), batches, inference_s, waits, waited_s)
 
     def exposition(self) -> tuple[bytes, str]:
         """The registry in Prometheus text format, and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+@dataclass(frozen=True)
+class ModelStatistics:
+    """One model's counts since start: requests answered (ok or not), texts run, batches run, the
+    seconds its forward passes took, and the rows answered with the seconds they waited."""
+
+    succeeded: int
+    failed: int
+    texts: int
+    batches: int
+    inference_s: float
+    queued_rows: int
+    queued_s: float
 
 
 @dataclass(frozen=True)

@@ -202,22 +202,25 @@ def _assign_slot(arbiter: Arbiter, worker: MaskserveWorker) -> None:
     worker.slot = next(slot for slot in range(arbiter.num_workers + len(taken)) if slot not in taken)
 
 
-def _check_port(settings: Settings) -> None:
+def _check_port(host: str, port: int) -> None:
     """Raise OSError now if the workers could not listen: the arbiter binds nothing itself, and a
     worker that cannot bind would be replaced for ever."""
-    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        probe.bind((settings.host, settings.port))
+        probe.bind((host, port))
 
 
 def run_workers(settings: Settings) -> int:
     """Serve with ``settings.workers`` processes until stopped; the exit status."""
-    try:
-        _check_port(settings)
-    except OSError as exc:
-        log.error("cannot start: cannot listen on %s:%d (%s)", settings.host, settings.port, exc.strerror or exc)
-        return 1
+    # The HTTP port, and the gRPC port when on: every worker binds both (with SO_REUSEPORT).
+    for port in (settings.port, settings.grpc_port) if settings.grpc_port else (settings.port,):
+        try:
+            _check_port(settings.host, port)
+        except OSError as exc:
+            # A setting that cannot be used here: exit 2, as a single process does.
+            log.error("cannot start: cannot listen on %s:%d (%s)", settings.host, port, exc.strerror or exc)
+            return 2
     arbiter = os.getpid()
     try:
         WorkersApplication(settings).run()

@@ -10,7 +10,6 @@ import pytest
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient
 
-from maskserve.api.health import liveness, readiness
 from maskserve.request.keys import SERVICE_KEY
 from maskserve.serving.costs import BatchReport
 from tests.conftest import ClientFactory
@@ -189,12 +188,3 @@ async def test_dead_batch_loop_turns_livez_503(make_client: ClientFactory) -> No
     status, body = await probe(client, "/livez")
     assert status == 503
     assert problem_codes(body) == ["batch_loop_stopped"]
-
-
-def test_readiness_before_the_model_is_loaded_says_loading() -> None:
-    live = liveness(None, None, stall_floor=60.0)
-    assert live.ok
-    ready = readiness(None, live)
-    assert not ready.ok
-    assert [p.code for p in ready.problems] == ["loading"]
-    assert ready.body()["status"] == "unavailable"

@@ -158,7 +158,7 @@ def test_a_taken_port_stops_the_workers_before_any_starts() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         result = run_maskserve("--port", str(port), "--workers", "2")
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert f"cannot start: cannot listen on 127.0.0.1:{port}" in result.stderr
     assert "Booting worker" not in result.stderr and "Traceback" not in result.stderr
 

@@ -1,0 +1,4 @@
+"""The Open Inference Protocol over gRPC: Triton's ``inference.GRPCInferenceService``, with the
+standard health service and server reflection, in the same process and event loop as the HTTP
+server, on ``--grpc-port``. Each RPC is an adapter over the same service, tasks, admission and
+errors as the REST routes; no batching or admission of its own."""

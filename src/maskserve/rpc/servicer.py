@@ -1,0 +1,219 @@
+"""``inference.GRPCInferenceService``: each RPC an adapter over the service, as ``api/oip.py`` is for
+REST. Metadata and readiness read the same functions, ``ModelInfer`` parses into the same request
+and runs the same task path (``request/oip_model.py``): the same parser, admission at the door and
+on the whole cost, batcher, windows, cost bounds and errors.
+
+``ModelStreamInfer`` answers a stream of infer requests in the order they came, each admitted and
+batched on its own (so a stream's requests share forward passes with each other and with every
+other client's); an error answers that request alone, in ``error_message``, and the stream goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from maskserve.config.settings import Settings
+from maskserve.errors import MaskserveError
+from maskserve.middleware.error_sanitizer import new_request_id
+from maskserve.request.oip_model import (
+    MODEL_VERSION,
+    check_version,
+    infer_parser,
+    model_metadata_of,
+    run_infer,
+    server_metadata_of,
+)
+from maskserve.request.state import RequestState
+from maskserve.rpc.calls import Calls, public_message, request_id
+from maskserve.rpc.protocol import ModelConfig, ModelStreamInferResponse, method_types
+from maskserve.rpc.status import REQUEST_ID_KEY, status_code, trailers
+from maskserve.rpc.tensors import infer_response, parse_infer
+from maskserve.service.health import live, ready
+from maskserve.service.registry import ServedModel
+from maskserve.tasks.oip_tensors import INPUT_NAME, OUTPUT_NAMES
+
+# The RPCs answered without an API key, as their REST routes are: probes hold no secrets.
+PUBLIC = frozenset({"ServerLive", "ServerReady", "ModelReady"})
+# The RPCs that queue work for a model: admission may refuse them at the door, and the alert
+# rules count them with the REST routes that do.
+INFERENCE = frozenset({"ModelInfer", "ModelStreamInfer"})
+# A stream's requests read ahead of the one being answered: they queue and batch together, while
+# a client that sends faster than it reads is held back here rather than by the queue.
+STREAM_READ_AHEAD = 64
+
+
+def _response(method: str, **fields: Any) -> Any:
+    return method_types(method)[1](**fields)
+
+
+class InferenceServicer:
+    """The service's RPCs, by name; each runs inside :meth:`Calls.call`."""
+
+    def __init__(self, calls: Calls) -> None:
+        self.calls = calls
+        self.service = calls.service
+
+    def _served(self, state: RequestState, name: str, version: str) -> ServedModel:
+        # An empty name is the default model, as POST / serves it (gRPC leaves unset fields empty).
+        served = self.service.served(name or None)
+        state.served, state.model = served, served.name
+        check_version(served, version)
+        return served
+
+    async def ServerLive(self, request: Any, context: Any) -> Any:
+        async def answer(state: RequestState) -> Any:
+            return _response("ServerLive", live=live(self.service).ok)
+
+        return await self.calls.unary("ServerLive", context, answer, public=True)
+
+    async def ServerReady(self, request: Any, context: Any) -> Any:
+        async def answer(state: RequestState) -> Any:
+            return _response("ServerReady", ready=ready(self.service).ok)
+
+        return await self.calls.unary("ServerReady", context, answer, public=True)
+
+    async def ModelReady(self, request: Any, context: Any) -> Any:
+        async def answer(state: RequestState) -> Any:
+            self._served(state, request.name, request.version)
+            return _response("ModelReady", ready=ready(self.service).ok)
+
+        return await self.calls.unary("ModelReady", context, answer, public=True)
+
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+        async def answer(state: RequestState) -> Any:
+            return _response("ServerMetadata", **server_metadata_of())
+
+        return await self.calls.unary("ServerMetadata", context, answer)
+
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        async def answer(state: RequestState) -> Any:
+            metadata = model_metadata_of(self._served(state, request.name, request.version))
+            metadata.pop("parameters", None)  # the gRPC message has none; ModelConfig carries them
+            return _response("ModelMetadata", **metadata)
+
+        return await self.calls.unary("ModelMetadata", context, answer)
+
+    async def ModelConfig(self, request: Any, context: Any) -> Any:
+        async def answer(state: RequestState) -> Any:
+            return _response("ModelConfig", config=model_config(self._served(state, request.name, request.version)))
+
+        return await self.calls.unary("ModelConfig", context, answer)
+
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        async def answer(state: RequestState) -> Any:
+            if request.name:
+                names = [self._served(state, request.name, request.version).name]
+            else:
+                names = list(self.service.models)
+            response = _response("ModelStatistics")
+            for name in names:
+                add_statistics(response.model_stats.add(), name, self.service.metrics.model_statistics(name))
+            return response
+
+        return await self.calls.unary("ModelStatistics", context, answer)
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        async def answer(state: RequestState) -> Any:
+            return await self._infer(state, request)
+
+        return await self.calls.unary("ModelInfer", context, answer)
+
+    async def _infer(self, state: RequestState, request: Any) -> Any:
+        served = self._served(state, request.model_name, request.model_version)
+        assert state.deadline is not None  # the call fixed it
+        served.at_door(state.deadline)  # the circuit breaker's door, before any parsing
+        with state.trace.step("maskserve.parse"):
+            envelope, raw = parse_infer(infer_parser(served), request)
+        inferred = await run_infer(state, served, envelope)
+        version = request.model_version or MODEL_VERSION
+        return infer_response(served.name, version, envelope, inferred.texts_json, raw)
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+        """Each request of the stream answered in turn; see the module docstring. The key is
+        checked once, for the stream; each request has its own record, id, metrics and access line."""
+        metadata = tuple(context.invocation_metadata() or ())
+        stream_id = request_id(metadata)
+        try:
+            self.calls.authorize(metadata)
+        except MaskserveError as error:
+            state = RequestState(id=stream_id)
+            await context.abort(status_code(error), public_message(error, state), trailers(error, stream_id))
+        context.set_trailing_metadata(((REQUEST_ID_KEY, stream_id),))
+        pending: asyncio.Queue[asyncio.Task[Any] | None] = asyncio.Queue(STREAM_READ_AHEAD)
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    await pending.put(asyncio.create_task(self._stream_one(request, context)))
+            finally:
+                await pending.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (answering := await pending.get()) is not None:
+                yield await answering
+            await reader  # a broken stream's error ends the call
+        finally:
+            reader.cancel()
+            while not pending.empty():
+                left = pending.get_nowait()
+                if left is not None:
+                    left.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+    async def _stream_one(self, request: Any, context: Any) -> Any:
+        """One request of a stream; an error is its answer's ``error_message``, with the message a
+        unary call's status would carry."""
+        state = RequestState(id=new_request_id())
+
+        async def answer(state: RequestState) -> Any:
+            return await self._infer(state, request)
+
+        result, error = await self.calls.run("ModelStreamInfer", context, state, answer, authorize=None)
+        if error is not None:
+            return ModelStreamInferResponse(error_message=public_message(error, state))
+        return ModelStreamInferResponse(infer_response=result)
+
+
+def model_config(served: ServedModel) -> Any:
+    """What is true of a maskserve model, in the protocol's configuration: texts in, JSON out, one
+    instance on its device, dynamic batching within its queue, window and deadline."""
+    settings: Settings = served.settings
+    config = ModelConfig(
+        name=served.name,
+        platform=model_metadata_of(served)["platform"],
+        backend=settings.backend,
+        # 0: the tensors have no batch dimension of the protocol's; texts are batched by the server.
+        max_batch_size=0,
+    )
+    string = 13  # TYPE_STRING: BYTES
+    config.input.add(name=INPUT_NAME, data_type=string, dims=[-1])
+    for name in OUTPUT_NAMES:
+        config.output.add(name=name, data_type=string, dims=[-1])
+    config.instance_group.add(name=served.name, count=1, kind=1 if settings.device.startswith("cuda") else 2)
+    batching = config.dynamic_batching
+    batching.max_queue_delay_microseconds = int(settings.max_batch_delay * 1_000_000)
+    batching.default_queue_policy.default_timeout_microseconds = int(settings.request_timeout * 1_000_000)
+    batching.default_queue_policy.allow_timeout_override = True
+    batching.default_queue_policy.max_queue_size = settings.max_queue
+    parameters: dict[str, object] = {"max_batch_size": settings.max_batch_size, "max_batch_tokens": settings.max_batch_tokens}
+    if served.parts is not None:
+        parameters |= {"mask_token": served.parts.model.mask_token, "max_tokens": served.parts.model.max_tokens}
+    for key, value in parameters.items():
+        config.parameters[key].string_value = str(value)
+    return config
+
+
+def add_statistics(stats: Any, name: str, counts: Any) -> None:
+    """One model's ``ModelStatistics`` from what the metrics counted (``Metrics.model_statistics``)."""
+    stats.name, stats.version = name, MODEL_VERSION
+    stats.inference_count, stats.execution_count = counts.texts, counts.batches
+    inference = stats.inference_stats
+    inference.success.count = counts.succeeded
+    inference.fail.count = counts.failed
+    inference.queue.count, inference.queue.ns = counts.queued_rows, int(counts.queued_s * 1e9)
+    inference.compute_infer.count, inference.compute_infer.ns = counts.batches, int(counts.inference_s * 1e9)
