@@ -1,0 +1,369 @@
+"""inference.GRPCInferenceService through the real clients, ``tritonclient.grpc`` (sync and asyncio,
+unary and streaming) and a raw stub of the protocol: metadata, configuration, statistics, infer
+with raw and JSON-shaped tensors equal to REST's answers, both outputs, and each error status."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as triton
+import tritonclient.grpc.aio as triton_aio
+from tritonclient.grpc import service_pb2
+from tritonclient.utils import InferenceServerException
+
+from maskserve.rpc.status import ERROR_FIELD_KEY, ERROR_TYPE_KEY, PUSHBACK_KEY, REQUEST_ID_KEY
+from maskserve.serving.costs import BatchReport
+from tests.fakes import ControlledModel, default_parts, wait_for_depth, wait_until_entered
+from tests.unit.rpc.conftest import GrpcApp, GrpcFactory
+
+PARIS = "Paris is the [MASK] of France."
+TEXTS = [PARIS, "The [MASK] sat on the [MASK].", "She poured a cup of [MASK]."]
+
+
+def texts_input(texts: list[str]) -> triton.InferInput:
+    tensor = triton.InferInput("text", [len(texts)], "BYTES")
+    tensor.set_data_from_numpy(np.array(texts, dtype=object))
+    return tensor
+
+
+def same(found: Any, expected: Any) -> bool:
+    """Equal answers, scores within float noise: texts batched with different company are computed
+    in differently padded passes."""
+    if isinstance(expected, dict):
+        return found.keys() == expected.keys() and all(same(found[key], expected[key]) for key in expected)
+    if isinstance(expected, list):
+        return len(found) == len(expected) and all(same(f, e) for f, e in zip(found, expected, strict=True))
+    if isinstance(expected, float):
+        return bool(found == pytest.approx(expected, rel=1e-4, abs=1e-6))
+    return bool(found == expected)
+
+
+def decoded(result: Any, output: str = "predictions") -> list[Any]:
+    return [json.loads(item) for item in result.as_numpy(output)]
+
+
+async def rest(app: GrpcApp, path: str, texts: list[str], parameters: dict[str, Any] | None = None) -> Any:
+    response = await app.http.post(path, json={"inputs": texts, "parameters": parameters or {}})
+    assert response.status == 200, await response.text()
+    return await response.json()
+
+
+def raw_request(texts: list[str], *, raw: bool, **fields: Any) -> Any:
+    """A ModelInferRequest as a raw stub sends it: texts raw (Triton's framing) or in bytes_contents."""
+    request = service_pb2.ModelInferRequest(model_name="maskserve", **fields)
+    tensor = request.inputs.add(name="text", datatype="BYTES", shape=[len(texts)])
+    encoded = [text.encode() for text in texts]
+    if raw:
+        request.raw_input_contents.append(b"".join(len(item).to_bytes(4, "little") + item for item in encoded))
+    else:
+        tensor.contents.bytes_contents.extend(encoded)
+    return request
+
+
+async def test_tritonclient_reads_metadata_config_readiness_and_statistics(make_grpc: GrpcFactory) -> None:
+    app = await make_grpc()
+
+    def read(address: str) -> dict[str, Any]:
+        client = triton.InferenceServerClient(address)
+        found = {
+            "live": client.is_server_live(),
+            "ready": client.is_server_ready(),
+            "model_ready": client.is_model_ready("maskserve"),
+            "version_ready": client.is_model_ready("maskserve", "1"),
+            "server": client.get_server_metadata(as_json=True),
+            "model": client.get_model_metadata("maskserve", as_json=True),
+            "config": client.get_model_config("maskserve", as_json=True)["config"],
+        }
+        client.infer("maskserve", [texts_input(TEXTS)])
+        found["statistics"] = client.get_inference_statistics("maskserve", as_json=True)["model_stats"][0]
+        client.close()
+        return found
+
+    found = await asyncio.to_thread(read, app.address)
+    assert found["live"] and found["ready"] and found["model_ready"] and found["version_ready"]
+    assert found["server"]["name"] == "maskserve" and "binary_tensor_data" in found["server"]["extensions"]
+    model = found["model"]
+    assert model["name"] == "maskserve" and model["versions"] == ["1"] and model["platform"] == "pytorch"
+    assert model["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": ["-1"]}]
+    assert [output["name"] for output in model["outputs"]] == ["predictions", "scores"]
+    config = found["config"]
+    assert config["input"] == [{"name": "text", "data_type": "TYPE_STRING", "dims": ["-1"]}]
+    assert config["parameters"]["mask_token"] == {"string_value": "[MASK]"}
+    assert config["instance_group"][0]["kind"] == "KIND_CPU"
+    queue_policy = config["dynamic_batching"]["default_queue_policy"]
+    assert queue_policy["default_timeout_microseconds"] == "30000000" and queue_policy["max_queue_size"] == 4096
+    statistics = found["statistics"]
+    assert statistics["name"] == "maskserve" and int(statistics["inference_count"]) >= len(TEXTS)
+    assert int(statistics["inference_stats"]["success"]["count"]) >= 1
+    assert int(statistics["execution_count"]) >= 1
+
+
+@pytest.mark.parametrize("raw", [True, False])
+async def test_infer_answers_equal_rest_with_raw_and_json_shaped_tensors(make_grpc: GrpcFactory, raw: bool) -> None:
+    app = await make_grpc()
+    request = raw_request(TEXTS, raw=raw, id="req-7")
+    request.parameters["top_k"].int64_param = 3
+    response = await app.stub.ModelInfer(request)
+    assert response.model_name == "maskserve" and response.id == "req-7"
+    [output] = response.outputs
+    assert (output.name, output.datatype, list(output.shape)) == ("predictions", "BYTES", [len(TEXTS)])
+    if raw:  # the answer is raw when the texts came raw, in contents otherwise
+        assert not output.contents.bytes_contents
+        blob, items = response.raw_output_contents[0], []
+        while blob:
+            length = int.from_bytes(blob[:4], "little")
+            items.append(blob[4 : 4 + length])
+            blob = blob[4 + length :]
+    else:
+        assert not response.raw_output_contents
+        items = list(output.contents.bytes_contents)
+    assert [json.loads(item) for item in items] == await rest(app, "/", TEXTS, {"top_k": 3})
+
+
+async def test_tritonclient_infers_with_parameters_as_post_does(make_grpc: GrpcFactory) -> None:
+    app = await make_grpc()
+
+    def infer(address: str) -> list[Any]:
+        client = triton.InferenceServerClient(address)
+        try:
+            chosen = client.infer("maskserve", [texts_input([PARIS])], parameters={"top_k": 2, "targets": "dog,city"})
+            return decoded(chosen)
+        finally:
+            client.close()
+
+    assert await asyncio.to_thread(infer, app.address) == await rest(
+        app, "/", [PARIS], {"top_k": 2, "targets": ["dog", "city"]}
+    )
+
+
+async def test_the_scores_output_answers_as_post_score_does(make_grpc: GrpcFactory) -> None:
+    app = await make_grpc()
+    texts = ["Paris is the capital of France.", "The cat sat on the mat."]
+    client = triton_aio.InferenceServerClient(app.address)
+    try:
+        result = await client.infer(
+            "maskserve",
+            [texts_input(texts)],
+            outputs=[triton_aio.InferRequestedOutput("scores")],
+            parameters={"tokens": True, "metric": "within_word_l2r"},
+        )
+    finally:
+        await client.close()
+    assert decoded(result, "scores") == await rest(app, "/score", texts, {"tokens": True, "metric": "within_word_l2r"})
+
+
+async def test_the_asyncio_client_infers_and_streams_in_order(make_grpc: GrpcFactory) -> None:
+    app = await make_grpc()
+    expected = await rest(app, "/", TEXTS)
+    client = triton_aio.InferenceServerClient(app.address)
+    try:
+        unary = decoded(await client.infer("maskserve", [texts_input(TEXTS)]))
+
+        async def requests() -> Any:
+            for number, text in enumerate([*TEXTS, "no mask here", PARIS]):
+                yield {"model_name": "maskserve", "inputs": [texts_input([text])], "request_id": str(number)}
+
+        answers = [answer async for answer in client.stream_infer(requests())]
+    finally:
+        await client.close()
+    assert unary == expected
+    results = [(result.get_response().id, decoded(result)) for result, error in answers if error is None]
+    errors = [error for _, error in answers if error is not None]
+    # Each request answered in turn, as REST answers that text alone; the bad one answered alone
+    # with its error, the stream going on.
+    alone = [await rest(app, "/", [text]) for text in [*TEXTS, PARIS]]
+    assert [number for number, _ in results] == ["0", "1", "2", "4"]
+    assert same([answer for _, answer in results], alone)
+    assert len(errors) == 1 and "holds no mask token" in errors[0].message()
+
+
+async def test_the_sync_client_streams_with_a_callback(make_grpc: GrpcFactory) -> None:
+    app = await make_grpc()
+
+    def stream(address: str) -> list[Any]:
+        got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        client = triton.InferenceServerClient(address)
+        client.start_stream(callback=lambda result, error: got.put((result, error)))
+        try:
+            for number, text in enumerate(TEXTS):
+                client.async_stream_infer("maskserve", [texts_input([text])], request_id=str(number))
+            answers = [got.get(timeout=30) for _ in TEXTS]
+        finally:
+            client.stop_stream()
+            client.close()
+        return [(result.get_response().id, decoded(result)) for result, error in answers if error is None]
+
+    streamed = await asyncio.to_thread(stream, app.address)
+    assert [number for number, _ in streamed] == ["0", "1", "2"]
+    assert same([answer for _, answer in streamed], [await rest(app, "/", [text]) for text in TEXTS])
+
+
+async def failing_call(app: GrpcApp, request: Any, **call: Any) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await app.stub.ModelInfer(request, **call)
+    return raised.value
+
+
+def trailer(error: grpc.aio.AioRpcError, key: str) -> str | None:
+    return next((str(value) for name, value in error.trailing_metadata() or () if name == key), None)
+
+
+@pytest.mark.parametrize(
+    ("change", "code", "kind", "field", "message"),
+    [
+        (
+            {"texts": ["no mask here"]},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "no_mask_token",
+            "inputs[0].data",
+            "holds no mask token",
+        ),
+        ({"top_k": 0}, grpc.StatusCode.INVALID_ARGUMENT, "invalid_input", "parameters.top_k", "top_k"),
+        ({"model_name": "bert"}, grpc.StatusCode.NOT_FOUND, "not_found", None, "no model named 'bert'"),
+        ({"model_version": "2"}, grpc.StatusCode.NOT_FOUND, "not_found", None, "no version '2'"),
+        ({"name": "image"}, grpc.StatusCode.INVALID_ARGUMENT, "invalid_input", "inputs[0].name", '"text"'),
+    ],
+)
+async def test_each_refusal_is_its_status_with_rests_message_and_the_facts_in_trailers(
+    make_grpc: GrpcFactory,
+    change: dict[str, Any],
+    code: grpc.StatusCode,
+    kind: str,
+    field: str | None,
+    message: str,
+) -> None:
+    app = await make_grpc()
+    request = raw_request(change.get("texts", [PARIS]), raw=True)
+    if "top_k" in change:
+        request.parameters["top_k"].int64_param = change["top_k"]
+    if "model_name" in change:
+        request.model_name = change["model_name"]
+    if "model_version" in change:
+        request.model_version = change["model_version"]
+    if "name" in change:
+        request.inputs[0].name = change["name"]
+    error = await failing_call(app, request, metadata=(("x-request-id", "mine-42"),))
+    assert error.code() == code and message in (error.details() or ""), error
+    assert trailer(error, ERROR_TYPE_KEY) == kind and trailer(error, ERROR_FIELD_KEY) == field
+    assert trailer(error, REQUEST_ID_KEY) == "mine-42"
+    assert (await app.stub.ModelInfer(raw_request([PARIS], raw=True))).outputs  # still serving
+
+
+async def test_shed_load_is_unavailable_with_the_computed_wait_as_pushback(make_grpc: GrpcFactory) -> None:
+    model = ControlledModel()
+    app = await make_grpc(engine=model, max_queue=1)
+    model.hold()
+    try:
+        busy = asyncio.ensure_future(app.stub.ModelInfer(raw_request(["a [MASK]"], raw=True)))
+        await wait_until_entered(model)
+        queued = asyncio.ensure_future(app.stub.ModelInfer(raw_request(["b [MASK]"], raw=True)))
+        await wait_for_depth(default_parts(app.http).batcher, 1)
+        error = await failing_call(app, raw_request(["c [MASK]"], raw=True))
+    finally:
+        model.release()
+    assert error.code() == grpc.StatusCode.UNAVAILABLE and "queue" in (error.details() or "")
+    assert trailer(error, ERROR_TYPE_KEY) == "overloaded"
+    assert int(trailer(error, PUSHBACK_KEY) or 0) >= 1000
+    assert all(response.outputs for response in await asyncio.gather(busy, queued))  # the admitted ones answered
+
+
+async def test_the_calls_deadline_is_the_requests_deadline(make_grpc: GrpcFactory) -> None:
+    app = await make_grpc(engine=ControlledModel())
+    # As if every pass took 8 s: one text fits the server's 30 s deadline, not a call's 5 s.
+    for tokens in (100, 200):
+        report = BatchReport(size=10, real_tokens=tokens, padded_tokens=tokens, seconds=8.0, failed=0)
+        default_parts(app.http).batcher.cost.observe(report)
+    error = await failing_call(app, raw_request(["late [MASK]"], raw=True), timeout=5)
+    # The server's refusal at the door, before any work, as REST's for X-Request-Timeout: 5: its
+    # message names the call's deadline (not the client library's own timeout).
+    rest_refusal = await app.http.post("/", data="late [MASK]", headers={"X-Request-Timeout": "5"})
+    assert rest_refusal.status == 503
+    assert error.code() == grpc.StatusCode.UNAVAILABLE and trailer(error, ERROR_TYPE_KEY) == "overloaded"
+    assert "exceeds this request's deadline (5.0s)" in (error.details() or "")
+    assert error.details() == (await rest_refusal.json())["error"]
+    assert (await app.stub.ModelInfer(raw_request(["in time [MASK]"], raw=True))).outputs  # no deadline: admitted
+
+
+@pytest.mark.parametrize("leave", ["cancel", "deadline"])
+async def test_a_call_that_ends_while_queued_never_costs_a_forward_pass(make_grpc: GrpcFactory, leave: str) -> None:
+    model = ControlledModel()
+    app = await make_grpc(engine=model)
+    model.hold()
+    try:
+        busy = asyncio.ensure_future(app.stub.ModelInfer(raw_request(["a [MASK]"], raw=True)))
+        await wait_until_entered(model)
+        call = app.stub.ModelInfer(raw_request(["gone [MASK]", "left [MASK]"], raw=True), timeout=1.0)
+        await wait_for_depth(default_parts(app.http).batcher, 2)
+        if leave == "cancel":
+            call.cancel()
+        with pytest.raises((asyncio.CancelledError, grpc.aio.AioRpcError)):
+            await call
+        await asyncio.sleep(0.2)  # the server's side of the call ends too
+    finally:
+        model.release()
+    await busy
+    assert (await app.stub.ModelInfer(raw_request(["after [MASK]"], raw=True))).outputs
+    ran = {ids for batch in model.batches for ids in batch}
+    assert model.inner.encode("gone [MASK]") not in ran and model.inner.encode("left [MASK]") not in ran
+    assert model.inner.encode("after [MASK]") in ran
+
+
+async def test_an_unknown_method_is_unimplemented_naming_it(make_grpc: GrpcFactory) -> None:
+    app = await make_grpc()
+    call = app.channel.unary_unary("/inference.GRPCInferenceService/RepositoryIndex")
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await call(b"")
+    assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert "does not serve /inference.GRPCInferenceService/RepositoryIndex" in (raised.value.details() or "")
+
+
+async def test_tritonclient_raises_with_the_servers_message(make_grpc: GrpcFactory) -> None:
+    app = await make_grpc()
+
+    def attempt(address: str) -> InferenceServerException:
+        client = triton.InferenceServerClient(address)
+        try:
+            with pytest.raises(InferenceServerException) as raised:
+                client.infer("maskserve", [texts_input([PARIS, "no mask"])])
+            return raised.value
+        finally:
+            client.close()
+
+    error = await asyncio.to_thread(attempt, app.address)
+    assert error.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "inputs[0].data[1] holds no mask token" in (error.message() or "")
+
+
+@pytest.mark.parametrize(
+    ("texts", "code", "kind"),
+    [
+        # Two passes of 3 s: past the call's 5 s with admission's margin, within the server's 30 s.
+        (40, grpc.StatusCode.DEADLINE_EXCEEDED, "timeout"),
+        # Ten passes of 3 s: past any deadline this server allows; sent again it fails again.
+        (320, grpc.StatusCode.INVALID_ARGUMENT, "request_too_costly"),
+    ],
+)
+async def test_a_cost_refused_before_any_work_is_its_status(
+    make_grpc: GrpcFactory, texts: int, code: grpc.StatusCode, kind: str
+) -> None:
+    model = ControlledModel()
+    app = await make_grpc(engine=model, max_inputs=320, max_batch_size=32)
+    for tokens in (100, 200):  # as if every pass took 3 s, whatever its size
+        report = BatchReport(size=10, real_tokens=tokens, padded_tokens=tokens, seconds=3.0, failed=0)
+        default_parts(app.http).batcher.cost.observe(report)
+    error = await failing_call(app, raw_request([f"t{n} [MASK]" for n in range(texts)], raw=True), timeout=5)
+    assert error.code() == code and trailer(error, ERROR_TYPE_KEY) == kind, error
+    assert not model.batches  # refused before any forward pass
+
+
+async def test_a_message_past_the_body_limit_is_resource_exhausted(make_grpc: GrpcFactory) -> None:
+    app = await make_grpc(max_body_bytes=4096)
+    error = await failing_call(app, raw_request(["word " * 2000 + "[MASK]"], raw=True))
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert (await app.stub.ModelInfer(raw_request([PARIS], raw=True))).outputs  # still serving
