@@ -7,7 +7,6 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import aiohttp_jinja2
@@ -162,20 +161,20 @@ async def close_connections_while_draining(request: web.Request, response: web.S
         response.headers["Connection"] = "close"
 
 
-@dataclass
-class GrpcServing:
-    """The app's gRPC server, and its stop once begun."""
-
-    server: GrpcServer
-    stopping: asyncio.Task[None] | None = None
-
-
-GRPC_KEY = web.AppKey("grpc", GrpcServing)
+# What a call still in flight once the drain is over gets to finish: its answer is being written,
+# or it is a stream or a health watch a client keeps open, which would otherwise hold the exit.
+GRPC_STOP_GRACE_S = 1.0
+GRPC_KEY: web.AppKey[GrpcServer] = web.AppKey("grpc")
 
 
 async def grpc_context(app: web.Application) -> AsyncIterator[None]:
     """The gRPC server (``--grpc-port``) for the app's life: started in the app's loop once the
-    models are loaded; stopped after the drain (its intake closed at its start, stop_grpc_intake)."""
+    models are loaded, stopped once the drain is over.
+
+    It keeps listening through the drain, as HTTP keeps its open connections: a call that comes
+    once intake has closed is answered UNAVAILABLE (shutting down, with a retry pushback), which
+    gRPC clients retry elsewhere, rather than cut off; the calls already queued are answered.
+    """
     from maskserve.rpc.server import GrpcServer  # grpcio only when the port is asked for
 
     service = app[SERVICE_KEY]
@@ -185,29 +184,12 @@ async def grpc_context(app: web.Application) -> AsyncIterator[None]:
         from maskserve.rpc.tracing import RpcSpans
 
         spans = RpcSpans(app[TRACING_KEY].tracing)
-    serving = app[GRPC_KEY] = GrpcServing(GrpcServer(service, spans=spans, reuse_port=service.settings.workers > 1))
-    await serving.server.start()
+    server = app[GRPC_KEY] = GrpcServer(service, spans=spans, reuse_port=service.settings.workers > 1)
+    await server.start()
     try:
         yield
     finally:
-        stop_grpc_intake_now(app)
-        assert serving.stopping is not None
-        await serving.stopping
-
-
-def stop_grpc_intake_now(app: web.Application) -> None:
-    """Begin the gRPC server's stop: no new calls; those in flight get the drain budget and a
-    margin, as HTTP handlers do (serve.make_runner's shutdown_timeout)."""
-    serving = app[GRPC_KEY]
-    if serving.stopping is None:
-        grace = app[SERVICE_KEY].settings.drain_timeout + 1.0
-        serving.stopping = asyncio.create_task(serving.server.stop(grace), name="maskserve-grpc-stop")
-
-
-async def stop_grpc_intake(app: web.Application) -> None:
-    """``on_shutdown``, before the drain: gRPC's intake closes when HTTP's listener does."""
-    if GRPC_KEY in app:
-        stop_grpc_intake_now(app)
+        await server.stop(GRPC_STOP_GRACE_S)
 
 
 async def drain_on_shutdown(app: web.Application) -> None:
@@ -276,9 +258,9 @@ def create_app(
     if settings.agent_port:
         app.cleanup_ctx.append(agent_context(settings.agent_port))
     if settings.grpc_port:
-        # After the models' context: no call is taken before they are loaded.
+        # After the models' context: no call is taken before they are loaded, and the server
+        # stops before they go.
         app.cleanup_ctx.append(grpc_context)
-        app.on_shutdown.append(stop_grpc_intake)  # before the drain, as the HTTP listener closes
     app.on_shutdown.append(drain_on_shutdown)
     # The demo page's templates, from the package; autoescape on, and a missing variable is an
     # error rather than an empty string.

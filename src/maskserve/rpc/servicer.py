@@ -200,7 +200,10 @@ def model_config(served: ServedModel) -> Any:
     batching.default_queue_policy.default_timeout_microseconds = int(settings.request_timeout * 1_000_000)
     batching.default_queue_policy.allow_timeout_override = True
     batching.default_queue_policy.max_queue_size = settings.max_queue
-    parameters: dict[str, object] = {"max_batch_size": settings.max_batch_size, "max_batch_tokens": settings.max_batch_tokens}
+    parameters: dict[str, object] = {
+        "max_batch_size": settings.max_batch_size,
+        "max_batch_tokens": settings.max_batch_tokens,
+    }
     if served.parts is not None:
         parameters |= {"mask_token": served.parts.model.mask_token, "max_tokens": served.parts.model.max_tokens}
     for key, value in parameters.items():

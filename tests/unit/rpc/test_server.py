@@ -1,0 +1,135 @@
+"""rpc/server.py through ``python -m maskserve``: a gRPC port already taken stops start-up (exit 2,
+even when a maskserve holds it: one process never shares its port unseen), server reflection lists
+what is served, ``--workers 2`` serves gRPC from every worker, and SIGTERM answers the calls in
+flight before the process exits 0."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import socket
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from tests.live_server import free_port, maskserve_process, run_maskserve, start_maskserve, wait_until_ready
+from tests.unit.rpc.conftest import GrpcFactory
+from tests.unit.rpc.test_servicer import raw_request
+
+
+def test_a_taken_grpc_port_exits_2_naming_it(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_maskserve("--port", str(free_port()), "--grpc-port", str(port), "--torch-threads", "1")
+    assert result.returncode == 2, result.stderr
+    assert f"cannot start: cannot listen for gRPC on 127.0.0.1:{port}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_second_maskserve_on_the_same_grpc_port_is_refused(tmp_path: Path) -> None:
+    port = free_port()
+    with maskserve_process("--grpc-port", str(port), "--torch-threads", "1", log_dir=tmp_path):
+        result = run_maskserve("--port", str(free_port()), "--grpc-port", str(port), "--torch-threads", "1")
+    assert result.returncode == 2 and "cannot listen for gRPC" in result.stderr, result.stderr
+
+
+async def test_reflection_lists_every_service_served(make_grpc: GrpcFactory) -> None:
+    app = await make_grpc()
+    stub = reflection_pb2_grpc.ServerReflectionStub(app.channel)
+
+    async def ask() -> reflection_pb2.ServerReflectionRequest:
+        yield reflection_pb2.ServerReflectionRequest(list_services="")
+        yield reflection_pb2.ServerReflectionRequest(file_containing_symbol="inference.ModelInferRequest")
+
+    listed, described = [answer async for answer in stub.ServerReflectionInfo(ask())]
+    names = {service.name for service in listed.list_services_response.service}
+    assert {"inference.GRPCInferenceService", "grpc.health.v1.Health"} <= names
+    assert described.file_descriptor_response.file_descriptor_proto  # grpcurl can describe the messages
+
+
+async def grpc_counts(url: str) -> dict[str, float]:
+    """ModelInfer calls answered, by worker, from /metrics (which merges every worker's series)."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as response:
+        text = await response.text()
+    [family] = [f for f in text_string_to_metric_families(text) if f.name == "maskserve_requests"]
+    counts: dict[str, float] = {}
+    for sample in family.samples:
+        labels = sample.labels
+        if sample.name.endswith("_total") and labels["protocol"] == "grpc" and labels["route"] == "ModelInfer":
+            counts[labels["worker"]] = counts.get(labels["worker"], 0) + sample.value
+    return counts
+
+
+async def test_with_two_workers_every_worker_serves_grpc(tmp_path: Path) -> None:
+    port = free_port()
+    server = start_maskserve(
+        "--workers", "2", "--grpc-port", str(port), "--torch-threads", "1",
+        log_path=tmp_path / "workers.log", own_process_group=True,
+    )  # fmt: skip
+    try:
+        await asyncio.to_thread(wait_until_ready, server)
+        await asyncio.to_thread(server.wait_for_log, "serving gRPC", 60)
+        for _ in range(60):  # each on a new connection, which the kernel spreads across the workers
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+                assert (await stub.ModelInfer(raw_request(["a [MASK]"], raw=True))).outputs
+            counts = await grpc_counts(server.url)
+            if len(counts) == 2:
+                break
+        assert set(counts) == {"0", "1"}, (counts, server.log())
+    finally:
+        server.stop()
+
+
+async def test_sigterm_answers_the_calls_in_flight_then_exits_0(tmp_path: Path) -> None:
+    port = free_port()
+    server = start_maskserve(
+        "--grpc-port", str(port), "--torch-threads", "1", "--max-batch-size", "1", "--drain-delay", "0",
+        log_path=tmp_path / "drain.log",
+    )  # fmt: skip
+    try:
+        await asyncio.to_thread(wait_until_ready, server)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            texts = [f"the {'big red ' * (200 + n % 30)}[MASK] is red." for n in range(60)]
+            calls = [stub.ModelInfer(raw_request([text], raw=True)) for text in texts]
+            tasks = [asyncio.ensure_future(call) for call in calls]
+            await wait_until_queued(stub, server.url)
+            server.signal(signal.SIGTERM)
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        exit_code = await asyncio.to_thread(server.wait, 60)
+    finally:
+        server.kill()
+    output = server.log()
+    assert exit_code == 0, output
+    answered = [o for o in outcomes if isinstance(o, service_pb2.ModelInferResponse)]
+    refused = [o for o in outcomes if isinstance(o, grpc.aio.AioRpcError)]
+    assert len(answered) + len(refused) == len(texts), outcomes
+    # Calls queued at SIGTERM are answered; one that came after intake closed is UNAVAILABLE.
+    assert all(error.code() == grpc.StatusCode.UNAVAILABLE for error in refused), refused
+    draining = re.search(r"draining (\d+) queued texts", output)
+    assert draining and int(draining.group(1)) > 0, output
+    assert len(answered) >= int(draining.group(1))
+    assert "drain budget" not in output
+
+
+async def wait_until_queued(stub: service_pb2_grpc.GRPCInferenceServiceStub, url: str) -> None:
+    """Until /readyz shows ten texts queued: SIGTERM then really finds work waiting."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        for _ in range(6000):
+            async with session.get(url + "/readyz") as response:
+                if (await response.json())["queue_depth"] >= 10:
+                    return
+            await asyncio.sleep(0.01)
+    pytest.fail("the calls never queued")
