@@ -18,6 +18,7 @@ from maskserve.api import health, info, oip, openapi, operations, views
 from maskserve.api.operations import for_model, versioned
 from maskserve.demo import page, score_form
 from maskserve.request.keys import service_of
+from maskserve.rpc import INFERENCE_METHODS
 from maskserve.service.registry import Describe, RouteOperation, RouteRoles
 
 # What the stages treat apart:
@@ -138,6 +139,7 @@ def route_roles(routes: Sequence[Route]) -> RouteRoles:
         forms=named("form"),
         public=named("public"),
         operations=tuple(route.operation() for route in routes),
+        calls=INFERENCE_METHODS,
     )
 
 

@@ -37,9 +37,6 @@ from maskserve.tasks.oip_tensors import INPUT_NAME, OUTPUT_NAMES
 
 # The RPCs answered without an API key, as their REST routes are: probes hold no secrets.
 PUBLIC = frozenset({"ServerLive", "ServerReady", "ModelReady"})
-# The RPCs that queue work for a model: admission may refuse them at the door, and the alert
-# rules count them with the REST routes that do.
-INFERENCE = frozenset({"ModelInfer", "ModelStreamInfer"})
 # A stream's requests read ahead of the one being answered: they queue and batch together, while
 # a client that sends faster than it reads is held back here rather than by the queue.
 STREAM_READ_AHEAD = 64

@@ -78,12 +78,15 @@ class RouteRoles:
     forms: frozenset[str] = frozenset()
     # Every route, in the table's order, with its documented operation.
     operations: tuple[RouteOperation, ...] = ()
+    # The gRPC methods that queue work for the model (the metrics' route label for a call is its
+    # method): admitted at the door as the inference routes are.
+    calls: frozenset[str] = frozenset()
 
     @property
     def model_work(self) -> frozenset[str]:
-        """Every route that queues work for the model: the requests the alert rules and the
-        dashboard count (deploy/), and tests/unit/http/test_routes.py holds them to it."""
-        return self.inference | self.forms
+        """Every route and gRPC method that queues work for the model: the requests the alert rules
+        and the dashboard count (deploy/), and tests/unit/http/test_routes.py holds them to it."""
+        return self.inference | self.forms | self.calls
 
 
 @dataclass(frozen=True)
