@@ -130,6 +130,8 @@ def server_info(
         "models": models_list(served or [(settings.model_name, settings, model)]),
         # The active middleware stages, outermost first (auth and cors only when configured).
         "middleware": list(middleware),
+        # Where else the same models are served: the Open Inference Protocol over gRPC (None: off).
+        "grpc": {"port": settings.grpc_port or None, "service": "inference.GRPCInferenceService"},
         "batching": batching_section(settings),
         "breaker": {
             "max_queue": settings.max_queue,
