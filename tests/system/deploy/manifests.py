@@ -58,6 +58,11 @@ def container(objects: list[Object]) -> Object:
     return found
 
 
+def container_ports(objects: list[Object]) -> dict[str, int]:
+    """The container's ports by name ("http", "grpc"), in the order they are declared."""
+    return {port["name"]: int(port["containerPort"]) for port in container(objects)["ports"]}
+
+
 def env_entry(objects: list[Object], name: str) -> Object:
     """The container's ``env`` entry for ``name``."""
     found = [e for e in container(objects).get("env", []) if e["name"] == name]

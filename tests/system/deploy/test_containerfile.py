@@ -61,8 +61,15 @@ def test_the_image_listens_on_every_interface_of_the_container_only() -> None:
     assert image["MASKSERVE_HOST"] == "0.0.0.0"
     # maskserve's own default is unchanged: outside a container it serves loopback only.
     assert Settings().host == "127.0.0.1"
-    exposed = [i.args for i in final_stage() if i.keyword == "EXPOSE"]
-    assert exposed == [image["MASKSERVE_PORT"]] == ["8000"]
+
+
+def test_the_image_serves_http_and_grpc_on_the_ports_it_exposes() -> None:
+    image = env()
+    (exposed,) = [i.args.split() for i in final_stage() if i.keyword == "EXPOSE"]
+    # gRPC on Triton's port, where its clients and KServe look for the Open Inference Protocol.
+    assert exposed == [image["MASKSERVE_PORT"], image["MASKSERVE_GRPC_PORT"]] == ["8000", "8001"]
+    # The image turns gRPC on; maskserve's own default leaves it off.
+    assert Settings().grpc_port == 0
 
 
 def test_torch_is_the_pinned_cpu_build_installed_before_the_project() -> None:

@@ -1,4 +1,4 @@
-"""deploy/kserve: maskserve as a KServe custom predictor on the Open Inference Protocol.
+"""deploy/kserve: maskserve as a KServe custom predictor on the Open Inference Protocol, over HTTP and gRPC.
 
 KServe's CRD schema is not in kubernetes-validate, but a predictor is a Kubernetes PodSpec plus
 KServe's own fields: with those set aside, the rest is validated strictly as a 1.33 Pod.
@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.system.deploy import containerfile
 from tests.system.deploy.manifests import KUBERNETES_VERSION, ROOT
 
 pytestmark = pytest.mark.deploy
@@ -90,9 +91,28 @@ def test_the_probes_are_the_protocols_health_routes_which_maskserve_serves(isvc:
     assert probes["readinessProbe"]["path"] == "/v2/health/ready"
     assert probes["livenessProbe"]["path"] == probes["startupProbe"]["path"] == "/v2/health/live"
     assert {p["path"] for p in probes.values()} <= served
-    (port,) = container(isvc)["ports"]
-    assert {p["port"] for p in probes.values()} == {port["name"]} == {"http1"}
-    assert str(port["containerPort"]) == env(isvc)["MASKSERVE_PORT"] == "8000"
+    http = container(isvc)["ports"][0]
+    assert {p["port"] for p in probes.values()} == {http["name"]} == {"http1"}
+    assert str(http["containerPort"]) == env(isvc)["MASKSERVE_PORT"] == "8000"
+
+
+def grpc_by_name(name: str) -> bool:
+    """Whether KServe takes a container port of this name for gRPC: it gives its Service port the
+    appProtocol kubernetes.io/h2c, and its Gateway API route sends gRPC calls there."""
+    return "h2c" in name or "grpc" in name
+
+
+def test_grpc_is_the_second_port_named_h2c_where_maskserve_serves_it(isvc: dict[str, Any]) -> None:
+    http, grpc = container(isvc)["ports"]
+    # The first port is HTTP: KServe routes everything but gRPC there, and scrapes /metrics on it.
+    assert not grpc_by_name(http["name"])
+    assert str(http["containerPort"]) == isvc["metadata"]["annotations"]["prometheus.kserve.io/port"]
+    assert grpc_by_name(grpc["name"]) and grpc["name"] == "h2c"
+    # maskserve listens where the port says: the image's gRPC port, Triton's.
+    assert str(grpc["containerPort"]) == env(isvc)["MASKSERVE_GRPC_PORT"] == containerfile.env()["MASKSERVE_GRPC_PORT"]
+    assert {http["protocol"], grpc["protocol"]} == {"TCP"}
+    # Knative (KServe's Serverless mode) takes one port per container; two need RawDeployment.
+    assert isvc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "RawDeployment"
 
 
 def test_shutdown_timing_and_resources_follow_the_fleet_rules(isvc: dict[str, Any]) -> None:

@@ -11,7 +11,7 @@ from tests.system.deploy.manifests import (
     KUBERNETES_VERSION,
     KUSTOMIZE_DIR,
     Object,
-    container,
+    container_ports,
     load_yaml,
     matches,
     one,
@@ -79,10 +79,15 @@ def test_every_selector_selects_the_pods(rendered: list[Object]) -> None:
     assert pod_spec(rendered)["serviceAccountName"] == one(rendered, "ServiceAccount")["metadata"]["name"]
 
 
-def test_the_service_reaches_the_container_port(rendered: list[Object]) -> None:
-    ports = {p["name"]: p["containerPort"] for p in container(rendered)["ports"]}
-    (service_port,) = one(rendered, "Service")["spec"]["ports"]
-    assert service_port["targetPort"] in ports
+def test_the_service_reaches_each_container_port_on_its_own_number(rendered: list[Object]) -> None:
+    ports = container_ports(rendered)
+    service_ports = {p["name"]: p for p in one(rendered, "Service")["spec"]["ports"]}
+    assert list(service_ports) == list(ports) == ["http", "grpc"]
+    for name, port in service_ports.items():
+        assert port["targetPort"] == name and port["port"] == ports[name]
+    # gRPC is HTTP/2 without TLS: the standard appProtocol lets proxies and meshes speak it.
+    assert service_ports["grpc"]["appProtocol"] == "kubernetes.io/h2c"
+    assert "appProtocol" not in service_ports["http"]
 
 
 def test_the_optional_service_monitor_scrapes_the_service(rendered: list[Object]) -> None:
@@ -96,16 +101,16 @@ def test_the_optional_service_monitor_scrapes_the_service(rendered: list[Object]
 
 def test_prometheus_annotations_point_at_the_metrics_endpoint(rendered: list[Object]) -> None:
     annotations = one(rendered, "Deployment")["spec"]["template"]["metadata"]["annotations"]
-    (port,) = container(rendered)["ports"]
     assert annotations["prometheus.io/scrape"] == "true"
     assert annotations["prometheus.io/path"] == "/metrics"
-    assert annotations["prometheus.io/port"] == str(port["containerPort"])
+    assert annotations["prometheus.io/port"] == str(container_ports(rendered)["http"])
 
 
-def test_network_policy_opens_the_http_port_and_allows_no_egress(rendered: list[Object]) -> None:
+def test_network_policy_opens_the_http_and_grpc_ports_and_allows_no_egress(rendered: list[Object]) -> None:
     policy = one(rendered, "NetworkPolicy")["spec"]
     assert set(policy["policyTypes"]) == {"Ingress", "Egress"}
     (rule,) = policy["ingress"]
-    assert [p["port"] for p in rule["ports"]] == [p["name"] for p in container(rendered)["ports"]]
+    assert [p["port"] for p in rule["ports"]] == list(container_ports(rendered)) == ["http", "grpc"]
+    assert {p["protocol"] for p in rule["ports"]} == {"TCP"}
     # No egress rule with Egress in policyTypes: every outgoing connection is refused.
     assert not policy.get("egress")

@@ -7,7 +7,17 @@ from decimal import Decimal
 import pytest
 
 from tests.system.deploy import containerfile
-from tests.system.deploy.manifests import Object, container, cpus, env_entry, mebibytes, one, pod_spec, settings
+from tests.system.deploy.manifests import (
+    Object,
+    container,
+    container_ports,
+    cpus,
+    env_entry,
+    mebibytes,
+    one,
+    pod_spec,
+    settings,
+)
 
 pytestmark = pytest.mark.deploy
 
@@ -20,10 +30,18 @@ AIOHTTP_SHUTDOWN_MARGIN_S = 1
 
 def test_probes_use_the_health_endpoints_on_the_served_port(rendered: list[Object]) -> None:
     main = container(rendered)
-    (port,) = main["ports"]
-    assert port["containerPort"] == int(settings(rendered)["MASKSERVE_PORT"])
+    assert container_ports(rendered)["http"] == int(settings(rendered)["MASKSERVE_PORT"])
     for probe, path in (("startupProbe", "/livez"), ("livenessProbe", "/livez"), ("readinessProbe", "/readyz")):
-        assert main[probe]["httpGet"] == {"path": path, "port": port["name"]}, probe
+        assert main[probe]["httpGet"] == {"path": path, "port": "http"}, probe
+
+
+def test_grpc_is_served_on_the_grpc_port_as_the_image_serves_it(rendered: list[Object]) -> None:
+    ports, data = container_ports(rendered), settings(rendered)
+    assert list(ports) == ["http", "grpc"]
+    # The port maskserve listens on is the one the pod declares, and the image's own (8001,
+    # Triton's gRPC port): a container run without the manifests serves it at the same place.
+    assert ports["grpc"] == int(data["MASKSERVE_GRPC_PORT"]) == int(containerfile.env()["MASKSERVE_GRPC_PORT"]) == 8001
+    assert ports["http"] == int(data["MASKSERVE_PORT"]) == int(containerfile.env()["MASKSERVE_PORT"])
 
 
 def test_model_loading_cannot_trip_liveness(rendered: list[Object]) -> None:

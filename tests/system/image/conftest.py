@@ -79,7 +79,8 @@ def _start(image: str, names: list[str]) -> Container:
     """The image run as deploy/kubernetes runs it, once it answers /readyz 200."""
     name = f"maskserve-image-test-{os.getpid()}-{next(_names)}"
     names.append(name)
-    container = run_container(image, name, pod_spec().options)
+    spec = pod_spec()
+    container = run_container(image, name, spec.options, spec.ports)
     try:
         wait_for(lambda: http_status(container.url + "readyz") == 200, READY_TIMEOUT_S, "/readyz 200")
     except TimeoutError as error:

@@ -18,7 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -190,6 +190,7 @@ class PodSpec:
     """What deploy/kubernetes runs the container with, read from deployment.yaml itself."""
 
     options: list[str]  # docker run options with the same effect
+    ports: dict[str, int]  # the container's ports by name ("http", "grpc")
     grace_s: int  # terminationGracePeriodSeconds: docker stop's timeout
     uid: int
     cpus: Decimal  # the CPU limit
@@ -225,15 +226,17 @@ def pod_spec() -> PodSpec:
         elif entry.get("valueFrom", {}).get("resourceFieldRef", {}).get("resource") == "limits.cpu":
             options += ["--env", f"{entry['name']}={math.ceil(cpu)}"]
         # An optional Secret (the API key) that is not there: the pod runs without it.
-    return PodSpec(options, int(pod["terminationGracePeriodSeconds"]), int(uid), cpu, memory)
+    ports = {port["name"]: int(port["containerPort"]) for port in container["ports"]}
+    return PodSpec(options, ports, int(pod["terminationGracePeriodSeconds"]), int(uid), cpu, memory)
 
 
 @dataclass
 class Container:
-    """A detached container with its port 8000 published on a loopback port."""
+    """A detached container with its HTTP and gRPC ports each published on a loopback port."""
 
     name: str
     url: str
+    grpc_target: str  # host:port, as gRPC channels and tritonclient.grpc take it
     started: float  # monotonic time of `docker run`
 
     def exec(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -248,11 +251,18 @@ class Container:
         return result.stdout + result.stderr
 
 
-def run_container(image: str, name: str, options: Sequence[str]) -> Container:
+def run_container(image: str, name: str, options: Sequence[str], ports: Mapping[str, int]) -> Container:
+    """``image`` run detached with the pod's ``ports`` ("http" and "grpc") published on loopback."""
     started = time.monotonic()
-    docker("run", "--detach", "--name", name, "--publish", "127.0.0.1::8000", *options, image)
-    port = docker("port", name, "8000/tcp").stdout.splitlines()[0].rsplit(":", 1)[1]
-    return Container(name, f"http://127.0.0.1:{port}/", started)
+    published = [option for port in ports.values() for option in ("--publish", f"127.0.0.1::{port}")]
+    docker("run", "--detach", "--name", name, *published, *options, image)
+    http, grpc = published_port(name, ports["http"]), published_port(name, ports["grpc"])
+    return Container(name, f"http://127.0.0.1:{http}/", f"127.0.0.1:{grpc}", started)
+
+
+def published_port(name: str, port: int) -> str:
+    """The loopback port Docker chose for the container's ``port``."""
+    return docker("port", name, f"{port}/tcp").stdout.splitlines()[0].rsplit(":", 1)[1]
 
 
 def remove_container(name: str) -> None:

@@ -2,8 +2,9 @@
 
 The container gets what the Deployment gives the pod (tests/system/image/docker.py reads deployment.yaml
 and settings.env): read-only root, the emptyDirs as tmpfs, no capabilities, no privilege
-escalation, CPU and memory limits. What the pod must see is checked from the outside (HTTP) and
-from the inside (/proc/1).
+escalation, CPU and memory limits, its HTTP and gRPC ports. What the pod must see is checked from
+the outside (HTTP, and gRPC with the standard health client and tritonclient.grpc) and from the
+inside (/proc/1).
 """
 
 from __future__ import annotations
@@ -19,9 +20,14 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+import grpc
+import numpy as np
 import pytest
+import tritonclient.grpc as triton
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from packaging.utils import canonicalize_name
 from packaging.version import Version
+from tritonclient.utils import InferenceServerException
 
 from tests.system.deploy.containerfile import locked
 from tests.system.image.docker import ROOT, SETTINGS_ENV, Container, docker, http_status, pod_spec, wait_for
@@ -29,6 +35,8 @@ from tests.system.image.docker import ROOT, SETTINGS_ENV, Container, docker, htt
 pytestmark = pytest.mark.image
 
 SENTENCE = b"Paris is the [MASK] of France."
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def get_json(url: str) -> tuple[int, Any]:
@@ -37,6 +45,51 @@ def get_json(url: str) -> tuple[int, Any]:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read())
+
+
+def post_json(url: str, body: Any) -> Any:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def grpc_health(container: Container, service: str = "") -> int | None:
+    """What grpc.health.v1's Check answers on the container's gRPC port, as a kubelet gRPC probe
+    asks it; None when no answer came."""
+    request = health_pb2.HealthCheckRequest(service=service)
+    with grpc.insecure_channel(container.grpc_target) as channel:
+        try:
+            answer = health_pb2_grpc.HealthStub(channel).Check(request, timeout=5)
+        except grpc.RpcError:
+            return None
+    status: int = answer.status
+    return status
+
+
+def grpc_predictions(client: triton.InferenceServerClient, model: str, texts: list[str]) -> list[Any]:
+    """The predictions output of one infer call over gRPC, one answer per text."""
+    tensor = triton.InferInput("text", [len(texts)], "BYTES")
+    tensor.set_data_from_numpy(np.array([text.encode() for text in texts], dtype=np.object_))
+    result = client.infer(model, [tensor], outputs=[triton.InferRequestedOutput("predictions")], client_timeout=30)
+    return [json.loads(item) for item in result.as_numpy("predictions")]
+
+
+def grpc_answers(container: Container, model: str) -> bool:
+    """Whether one infer call over gRPC is answered with a prediction."""
+    try:
+        with triton.InferenceServerClient(container.grpc_target) as client:
+            return bool(grpc_predictions(client, model, [SENTENCE.decode()])[0])
+    except InferenceServerException:
+        return False
+
+
+def model_name(container: Container) -> str:
+    status, info = get_json(container.url + "info")
+    assert status == 200
+    name: str = info["model"]["name"]
+    return name
 
 
 def proc_status(container: Container) -> dict[str, str]:
@@ -104,6 +157,19 @@ def test_the_probes_and_info_answer_as_in_the_manifests(serving: Container) -> N
     assert info["breaker"]["drain_delay_s"] == float(settings()["MASKSERVE_DRAIN_DELAY"])
 
 
+def test_the_grpc_port_answers_the_health_probe_and_tritonclient(serving: Container) -> None:
+    # What a kubelet's `grpc: {port: 8001}` probe asks: the server (""), and the service by name.
+    assert grpc_health(serving) == SERVING
+    assert grpc_health(serving, "inference.GRPCInferenceService") == SERVING
+    model, text = model_name(serving), SENTENCE.decode()
+    with triton.InferenceServerClient(serving.grpc_target) as client:
+        assert client.is_server_live() and client.is_server_ready() and client.is_model_ready(model)
+        answers = grpc_predictions(client, model, [text])
+    # The same answer as HTTP's POST / gives, from the same process.
+    assert answers == post_json(serving.url, {"inputs": [text]})
+    assert answers[0] and all(set(a) == {"score", "token", "token_str", "sequence"} for a in answers[0])
+
+
 def test_maskserve_is_pid_1_running_as_uid_10001(serving: Container) -> None:
     argv = serving.exec("cat", "/proc/1/cmdline").stdout.split("\0")
     # The console script under the image's Python: no shell and no init in front of it.
@@ -136,16 +202,20 @@ def test_docker_stop_drains_then_exits_0(start_container: Any, figures: dict[str
     container: Container = start_container()
     spec = pod_spec()
     drain_delay = float(settings()["MASKSERVE_DRAIN_DELAY"])
+    model = model_name(container)
     stop = threading.Thread(target=docker, args=("stop", "--time", str(spec.grace_s), container.name))
     stop.start()
     sent_stop = time.monotonic()
     try:
-        # SIGTERM: readiness fails at once, so load balancers stop sending...
+        # SIGTERM: readiness fails at once, so load balancers stop sending; a gRPC probe sees it too...
         not_ready_after = wait_for(lambda: http_status(container.url + "readyz") == 503, drain_delay / 2, "/readyz 503")
-        # ...while what still arrives is answered, for the whole drain delay.
+        grpc_health_in_drain = grpc_health(container)
+        # ...while what still arrives is answered, over HTTP and gRPC, for the whole drain delay.
         answered: list[tuple[float, int | None]] = []
+        answered_grpc: list[bool] = []
         while time.monotonic() - sent_stop < drain_delay * 0.7:
             answered.append((time.monotonic() - sent_stop, http_status(container.url, data=SENTENCE, timeout_s=10)))
+            answered_grpc.append(grpc_answers(container, model))
             time.sleep(0.5)
     finally:
         stop.join(spec.grace_s + 30)
@@ -155,10 +225,13 @@ def test_docker_stop_drains_then_exits_0(start_container: Any, figures: dict[str
     figures["drain"] = {
         "not_ready_after_s": round(not_ready_after, 2),
         "answered_during_drain": len(answered),
+        "answered_over_grpc_during_drain": sum(answered_grpc),
         "exit_after_s": round(stopped_after, 1),
         "exit_code": state["ExitCode"],
     }
     assert answered and all(status == 200 for _, status in answered), answered
+    assert grpc_health_in_drain == NOT_SERVING
+    assert answered_grpc and all(answered_grpc), answered_grpc
     # It exited by itself after the drain delay (0, not 137: docker stop's SIGKILL was never needed).
     assert state["ExitCode"] == 0 and not state["OOMKilled"], (state, logs[-3000:])
     assert drain_delay <= stopped_after < spec.grace_s, stopped_after
