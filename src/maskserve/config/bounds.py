@@ -162,6 +162,13 @@ def contradictions(settings: Settings) -> Iterator[tuple[str, str, str]]:
             yield bound.lower, bound.upper, bound.why
     if settings.max_batch_delay >= settings.request_timeout:
         yield "max_batch_delay", "request_timeout", "a request could time out waiting for others to batch with"
+    # Each listener needs a port of its own: the second to bind would stop start-up anyway, after
+    # the models had loaded, and say less.
+    ports = [(name, getattr(settings, name)) for name in ("port", "grpc_port", "agent_port")]
+    for index, (first, port) in enumerate(ports):
+        for second, other in ports[index + 1 :]:
+            if port and port == other:
+                yield first, second, "two listeners cannot share a port"
 
 
 def follows_note(name: str) -> str:

@@ -21,6 +21,8 @@ CONTRADICTIONS = [
     (["--default-top-k", "8", "--max-predictions", "4"], {}, ("--default-top-k=8", "--max-predictions=4")),
     (["--max-response-bytes", "2000", "--max-unsent-bytes", "1000"], {}, ("--max-unsent-bytes=1000", "bytes=2000")),
     ([], {"MASKSERVE_MAX_BATCH_DELAY": "45"}, ("MASKSERVE_MAX_BATCH_DELAY=45.0", "--request-timeout=")),
+    (["--grpc-port", "8000"], {}, ("--port=8000 (the default)", "--grpc-port=8000")),
+    (["--grpc-port", "9101"], {"MASKSERVE_AGENT_PORT": "9101"}, ("--grpc-port=9101", "MASKSERVE_AGENT_PORT=9101")),
 ]
 
 
