@@ -1,6 +1,6 @@
 """tritonclient's gRPC client against its HTTP client and ``POST /``: one server, the same texts.
 
-    python -m benchmarks.grpc            # both models, 4 rounds: about 5 minutes on 2 cores
+    python -m benchmarks.grpc            # both models, 5 rounds: about 5 minutes on 2 cores
     python -m benchmarks.grpc --quick    # the default model, tiny counts: for the test
 
 One maskserve process per model, started with ``--grpc-port``, answers three clients, each the
@@ -19,6 +19,12 @@ difference), then each client runs 64 closed-loop callers for a fixed request co
 order rotating from round to round. The machine is shared and has 2 cores that the server and the
 clients share: the ratios are taken inside each round, and the report gives each client's and the
 server's CPU per request at c=64, to tell where a difference comes from.
+
+**The protocols alone.** Before the models, the same clients and rounds meet a canned server: a
+``grpc.aio`` server and an aiohttp one in one process and one loop, answering every request with
+one fixed answer (the pipeline's for the first text), no model and no maskserve request path. Its
+figures are what each protocol's client and server cost by themselves on this machine, the floor
+under maskserve's difference between them.
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ from .servers import Server, free_port, maskserve_argv
 
 RESULTS = Path(__file__).resolve().parent / "results" / "grpc.md"
 MODEL_NAME = "maskserve"  # the served name of a server's one model (--model-name's default)
+CANNED = "canned"  # the plan's key for the protocols alone
 GRPC = "gRPC ModelInfer"
 REST = "REST infer route"
 POST = "POST /"
@@ -96,16 +103,16 @@ class Plan:
 
 
 FULL = Plan(
-    rounds=4,
-    models=("default", "bert-base"),
-    counts={"default": Counts(128, 1536, 256), "bert-base": Counts(48, 192, 128)},
+    rounds=5,
+    models=(CANNED, "default", "bert-base"),
+    counts={CANNED: Counts(256, 4096, 512), "default": Counts(128, 1536, 256), "bert-base": Counts(48, 192, 128)},
     mix=128,
     time_cap_s=120.0,
 )
 QUICK = Plan(
     rounds=1,
-    models=("default",),
-    counts={"default": Counts(8, 128, 64), "bert-base": Counts(4, 64, 64)},
+    models=(CANNED, "default"),
+    counts={CANNED: Counts(8, 128, 64), "default": Counts(8, 128, 64), "bert-base": Counts(4, 64, 64)},
     mix=32,
     time_cap_s=60.0,
 )
@@ -336,9 +343,11 @@ async def measure_model(
 
 
 def run_model(key: str, plan: Plan, log_dir: Path) -> ModelRun:
+    texts = make_sentences(plan.mix)
+    if key == CANNED:
+        return run_canned(plan, texts, log_dir)
     model = MODELS[key]()
     pipe = offline.load_pipeline(str(model.path))
-    texts = make_sentences(plan.mix)
     expected, _ = offline.reference_answers(pipe, texts)
     del pipe
     port, grpc_port = free_port(), free_port()
@@ -348,6 +357,66 @@ def run_model(key: str, plan: Plan, log_dir: Path) -> ModelRun:
         log(f"{model.name}: maskserve on HTTP {port}, gRPC {grpc_port}")
         asyncio.run(measure_model(run_, plan, texts, expected, server, grpc_port))
     return run_
+
+
+def run_canned(plan: Plan, texts: Sequence[str], log_dir: Path) -> ModelRun:
+    """The same clients and rounds against :func:`serve_canned`: every text answered with the
+    pipeline's answer to the first, which is then every text's expected answer."""
+    model = default_model()
+    answer = offline.load_pipeline(str(model.path))(texts[0], top_k=5)
+    expected = [{p["token"]: p["sequence"] for p in answer}] * len(texts)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    answer_file = log_dir / "canned-answer.json"
+    answer_file.write_text(json.dumps(answer), encoding="utf-8")
+    port, grpc_port = free_port(), free_port()
+    argv = [sys.executable, "-m", "benchmarks.grpc", "--canned-server", f"{port},{grpc_port},{answer_file}"]
+    run_ = ModelRun(CANNED, BenchModel("The protocols alone: a canned server", Path()), plan.counts[CANNED])
+    with Server("canned server", argv, port, log_dir / "canned.log") as server:
+        log(f"canned server on HTTP {port}, gRPC {grpc_port}")
+        asyncio.run(measure_model(run_, plan, texts, expected, server, grpc_port))
+    return run_
+
+
+async def serve_canned(http_port: int, grpc_port: int, answer: bytes) -> None:
+    """``ModelInfer``, the REST infer route and ``POST /``, each answering ``answer`` for any request,
+    as maskserve frames it (raw or binary tensors; JSON for ``POST /``), on one loop; until killed."""
+    import grpc
+    from aiohttp import web
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    from maskserve.tasks.oip_tensors import HEADER_LENGTH, encode_bytes_tensor
+
+    blob = encode_bytes_tensor([answer])
+    reply = service_pb2.ModelInferResponse(model_name=MODEL_NAME, model_version="1")
+    reply.outputs.add(name="predictions", datatype="BYTES", shape=[1])
+    reply.raw_output_contents.append(blob)
+    output = {"name": "predictions", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": len(blob)}}
+    header = json.dumps({"model_name": MODEL_NAME, "model_version": "1", "outputs": [output]}).encode()
+
+    class Canned(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+        async def ModelInfer(self, request: Any, context: Any) -> Any:
+            return reply
+
+    async def infer(request: web.Request) -> web.Response:
+        await request.read()
+        headers = {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(header))}
+        return web.Response(body=header + blob, headers=headers)
+
+    async def post(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=answer, content_type="application/json")
+
+    rpc = grpc.aio.server()
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Canned(), rpc)
+    rpc.add_insecure_port(f"127.0.0.1:{grpc_port}")
+    await rpc.start()
+    app = web.Application()
+    app.router.add_post(f"/v2/models/{MODEL_NAME}/infer", infer)
+    app.router.add_post("/", post)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", http_port).start()
+    await asyncio.Event().wait()
 
 
 @dataclass
@@ -409,13 +478,53 @@ def _statuses(loads: Sequence[LoadResult]) -> str:
     return ", ".join(f"{k}: {v}" for k, v in sorted(total.items()))
 
 
-def model_section(run_: ModelRun, *, targets: bool) -> list[str]:
+def gaps(run_: ModelRun) -> tuple[float, float, float]:
+    """gRPC minus the REST infer route: per request at c=64, the server's and the client's CPU ms
+    (medians of the rounds); and at c=1, the median per-text latency difference."""
+    server = [
+        r.c64[GRPC].per_request_ms(r.c64[GRPC].server_cpu_s) - r.c64[REST].per_request_ms(r.c64[REST].server_cpu_s)
+        for r in run_.rounds
+    ]
+    client = [
+        r.c64[GRPC].per_request_ms(r.c64[GRPC].client_cpu_s) - r.c64[REST].per_request_ms(r.c64[REST].client_cpu_s)
+        for r in run_.rounds
+    ]
+    paired = [d for r in run_.rounds for d in r.paired_ms(GRPC, REST)]
+    return (
+        statistics.median(server),
+        statistics.median(client),
+        statistics.median(paired) if paired else float("nan"),
+    )
+
+
+def gap_line(run_: ModelRun, canned: ModelRun | None) -> str:
+    server, client, paired = gaps(run_)
+    line = (
+        f"- gRPC minus the REST infer route, per request: server CPU {server:+.2f} ms and client CPU "
+        f"{client:+.2f} ms at c={CONCURRENCY}, latency {paired:+.2f} ms at c=1"
+    )
+    if canned is None or run_ is canned:
+        return line
+    server_alone, client_alone, paired_alone = gaps(canned)
+    return (
+        f"{line}; the protocols alone (the canned server): {server_alone:+.2f} ms, {client_alone:+.2f} ms and "
+        f"{paired_alone:+.2f} ms"
+    )
+
+
+def model_section(run_: ModelRun, *, targets: bool, canned: ModelRun | None = None) -> list[str]:
     rounds, counts = run_.rounds, run_.counts
+    server = (
+        "`python -m benchmarks.grpc --canned-server ...`: a `grpc.aio` server and an aiohttp one on one loop in "
+        "one process, answering every request with the pipeline's answer to the first text, framed as maskserve "
+        "frames it; no model, no maskserve request path."
+        if run_.key == CANNED
+        else "`python -m maskserve --model MODEL --port PORT --grpc-port PORT` (every other flag at its default)."
+    )
     lines = [
         f"## {run_.model.name}",
         "",
-        f"`python -m maskserve --model MODEL --port PORT --grpc-port PORT` (every other flag at its default). "
-        f"Per client and round: {counts.c1} requests at c=1 (interleaved), {counts.c64} at c={CONCURRENCY}; "
+        f"{server} Per client and round: {counts.c1} requests at c=1 (interleaved), {counts.c64} at c={CONCURRENCY}; "
         f"{counts.warmup} at c={CONCURRENCY} per client before the rounds; rounds: {len(rounds)}.",
         "",
         f"| client | c=1 p50 ms | c=1 p99 ms | c={CONCURRENCY} req/s | c={CONCURRENCY} p50 ms | "
@@ -443,6 +552,8 @@ def model_section(run_: ModelRun, *, targets: bool) -> list[str]:
     if targets:
         rps_verdict = f"target ≥ {TARGET_RPS:g}×): {verdict(rps_met)}"
         p50_verdict = f"target ≤ {TARGET_P50:g}×): {verdict(p50_met)}"
+    elif run_.key == CANNED:
+        rps_verdict = p50_verdict = "no target: the protocols alone)"
     else:
         rps_verdict = p50_verdict = "the targets are the default model's)"
     lines += [
@@ -457,6 +568,7 @@ def model_section(run_: ModelRun, *, targets: bool) -> list[str]:
         f"- REST infer route / POST /: req/s at c={CONCURRENCY} "
         f"{ratio_line([r.rps_ratio(REST, POST) for r in rounds])}, "
         f"p50 at c=1 {ratio_line([r.p50_ratio(REST, POST) for r in rounds])}",
+        gap_line(run_, canned),
         "",
     ]
     return lines
@@ -484,8 +596,9 @@ def render(result: GrpcRun, command: str) -> str:
         f"c={CONCURRENCY} loop, per request",
         "",
     ]
+    canned = next((run_ for run_ in result.models if run_.key == CANNED), None)
     for run_ in result.models:
-        lines += model_section(run_, targets=run_.key == "default")
+        lines += model_section(run_, targets=run_.key == "default", canned=canned)
     return "\n".join(lines) + "\n"
 
 
@@ -502,16 +615,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.grpc", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the default model, tiny counts: for the test")
     parser.add_argument("--rounds", type=int, default=0, help="override the plan's round count")
-    parser.add_argument("--models", default="", help="comma-separated: default, bert-base")
+    parser.add_argument("--models", default="", help="comma-separated: canned, default, bert-base")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--canned-server", default="", help=argparse.SUPPRESS)  # HTTP_PORT,GRPC_PORT,ANSWER_FILE
     args = parser.parse_args(args_list)
+    if args.canned_server:
+        http_port, grpc_port, answer_file = args.canned_server.split(",", 2)
+        answer = Path(answer_file).read_bytes()
+        asyncio.run(serve_canned(int(http_port), int(grpc_port), answer))
+        return 0
     plan = QUICK if args.quick else FULL
     if args.rounds:
         plan = dataclasses.replace(plan, rounds=args.rounds)
     if args.models:
         models = tuple(m.strip() for m in args.models.split(",") if m.strip())
-        if unknown := [m for m in models if m not in MODELS]:
-            raise SystemExit(f"--models: unknown {unknown}; choose from {list(MODELS)}")
+        if unknown := [m for m in models if m not in (*MODELS, CANNED)]:
+            raise SystemExit(f"--models: unknown {unknown}; choose from {[CANNED, *MODELS]}")
         plan = dataclasses.replace(plan, models=models)
     result = run(plan)
     publish(render(result, " ".join(["python -m benchmarks.grpc", *args_list])), args.out)
