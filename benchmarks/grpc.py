@@ -1,7 +1,7 @@
 """tritonclient's gRPC client against its HTTP client and ``POST /``: one server, the same texts.
 
-    python -m benchmarks.grpc            # both models, 5 rounds: about 5 minutes on 2 cores
-    python -m benchmarks.grpc --quick    # the default model, tiny counts: for the test
+    python -m benchmarks.grpc            # the canned server, both models, 5 rounds: 4 minutes on 2 cores
+    python -m benchmarks.grpc --quick    # the canned server and the default model, tiny counts: for the test
 
 One maskserve process per model, started with ``--grpc-port``, answers three clients, each the
 asyncio client a pipeline calling at volume would use, one per protocol on this process's loop:
@@ -38,10 +38,12 @@ import itertools
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -132,6 +134,7 @@ class Client:
     name: str
     send: Send
     close: Callable[[], Awaitable[None]]
+    opened: float = field(default_factory=time.monotonic)  # a failure is dated from here
 
 
 def _predictions(result: Any) -> Any:
@@ -193,7 +196,7 @@ async def _call(client: Client, texts: Sequence[str], expected: Sequence[Expecte
         answer = await client.send(texts[k])
     except FAILURES as error:
         result.statuses[_failure(error)] += 1
-        result.fail(0.0, f"text {k}: {_failure(error)}: {str(error)[:160]}")
+        result.fail(time.monotonic() - client.opened, f"text {k}: {_failure(error)}: {str(error)[:160]}")
         return
     result.latencies_ms.append((time.perf_counter() - started) * 1000)
     result.statuses["ok"] += 1
@@ -203,7 +206,7 @@ async def _call(client: Client, texts: Sequence[str], expected: Sequence[Expecte
     else:
         result.wrong += 1
         result.first_wrong = result.first_wrong or f"text {k}: {reason}"
-        result.fail(0.0, f"wrong answer to text {k}: {reason}")
+        result.fail(time.monotonic() - client.opened, f"wrong answer to text {k}: {reason}")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -299,6 +302,9 @@ class ModelRun:
     model: BenchModel
     counts: Counts
     rounds: list[Round] = field(default_factory=list)
+    # maskserve's /metrics at the end: connections the server closed, by reason (an idle keep-alive
+    # connection closed as a client takes it from its pool fails that request).
+    closed: dict[str, float] = field(default_factory=dict)
 
 
 async def measure_model(
@@ -356,7 +362,16 @@ def run_model(key: str, plan: Plan, log_dir: Path) -> ModelRun:
     with Server(f"maskserve ({key})", argv, port, log_dir / f"maskserve-{key}.log") as server:
         log(f"{model.name}: maskserve on HTTP {port}, gRPC {grpc_port}")
         asyncio.run(measure_model(run_, plan, texts, expected, server, grpc_port))
+        run_.closed = closed_connections(server)
     return run_
+
+
+def closed_connections(server: Server) -> dict[str, float]:
+    """``maskserve_closed_connections_total`` by reason, from the server's ``/metrics``."""
+    with urllib.request.urlopen(f"{server.url}metrics", timeout=30) as response:
+        text = response.read().decode("utf-8")
+    found = re.findall(r'^maskserve_closed_connections_total\{reason="(\w+)"\} (\S+)$', text, re.M)
+    return {reason: float(value) for reason, value in found}
 
 
 def run_canned(plan: Plan, texts: Sequence[str], log_dir: Path) -> ModelRun:
@@ -569,8 +584,23 @@ def model_section(run_: ModelRun, *, targets: bool, canned: ModelRun | None = No
         f"{ratio_line([r.rps_ratio(REST, POST) for r in rounds])}, "
         f"p50 at c=1 {ratio_line([r.p50_ratio(REST, POST) for r in rounds])}",
         gap_line(run_, canned),
+        *failure_lines(run_),
         "",
     ]
+    return lines
+
+
+def failure_lines(run_: ModelRun) -> list[str]:
+    """Each client's first failures, dated from its opening, and the connections the server closed."""
+    lines = []
+    for name in SYSTEMS:
+        loads = [*(r.c1[name] for r in run_.rounds), *(r.c64[name].load for r in run_.rounds)]
+        failures = sorted((f for load in loads for f in load.failures), key=lambda f: float(f.split("s:", 1)[0]))
+        if failures:
+            lines.append(f"- {name}'s first failures (seconds since the client opened): {'; '.join(failures[:3])}")
+    closed = ", ".join(f"{reason} {value:.0f}" for reason, value in sorted(run_.closed.items()) if value)
+    if run_.closed:
+        lines.append(f"- connections the server closed (`/metrics`): {closed or 'none'}")
     return lines
 
 
@@ -613,7 +643,7 @@ def _load(averages: Sequence[float]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m benchmarks.grpc", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the default model, tiny counts: for the test")
+    parser.add_argument("--quick", action="store_true", help="the canned server and the default model, tiny counts")
     parser.add_argument("--rounds", type=int, default=0, help="override the plan's round count")
     parser.add_argument("--models", default="", help="comma-separated: canned, default, bert-base")
     parser.add_argument("--out", type=Path, default=RESULTS)
