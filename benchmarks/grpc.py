@@ -348,6 +348,14 @@ async def measure_model(
             await client.close()
 
 
+def two_ports() -> tuple[int, int]:
+    """Two free ports, never the same one twice (maskserve refuses --port equal to --grpc-port)."""
+    http = free_port()
+    while (rpc := free_port()) == http:
+        pass
+    return http, rpc
+
+
 def run_model(key: str, plan: Plan, log_dir: Path) -> ModelRun:
     texts = make_sentences(plan.mix)
     if key == CANNED:
@@ -356,7 +364,7 @@ def run_model(key: str, plan: Plan, log_dir: Path) -> ModelRun:
     pipe = offline.load_pipeline(str(model.path))
     expected, _ = offline.reference_answers(pipe, texts)
     del pipe
-    port, grpc_port = free_port(), free_port()
+    port, grpc_port = two_ports()
     argv = maskserve_argv(model.path, port, "--grpc-port", str(grpc_port))
     run_ = ModelRun(key, model, plan.counts[key])
     with Server(f"maskserve ({key})", argv, port, log_dir / f"maskserve-{key}.log") as server:
@@ -383,7 +391,7 @@ def run_canned(plan: Plan, texts: Sequence[str], log_dir: Path) -> ModelRun:
     log_dir.mkdir(parents=True, exist_ok=True)
     answer_file = log_dir / "canned-answer.json"
     answer_file.write_text(json.dumps(answer), encoding="utf-8")
-    port, grpc_port = free_port(), free_port()
+    port, grpc_port = two_ports()
     argv = [sys.executable, "-m", "benchmarks.grpc", "--canned-server", f"{port},{grpc_port},{answer_file}"]
     run_ = ModelRun(CANNED, BenchModel("The protocols alone: a canned server", Path()), plan.counts[CANNED])
     with Server("canned server", argv, port, log_dir / "canned.log") as server:
