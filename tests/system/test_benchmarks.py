@@ -407,3 +407,63 @@ def test_the_read_rows_benchmark_compares_each_variant_with_its_whole_last_layer
         assert float(row[5].split("×")[0]) > 0
         assert float(row[-1].rstrip(" |")) <= 1e-4  # float32 with and without: the same answers
     assert "CPU matrix features" in report and "python -m benchmarks.read_rows --models default" in report
+
+
+def test_the_grpc_report_judges_the_targets_on_the_default_model_only() -> None:
+    from benchmarks.grpc import GRPC, POST, QUICK, REST, GrpcRun, Loop, ModelRun, Round, render
+
+    def load(rps: float, p50_ms: float, concurrency: int) -> LoadResult:
+        result = LoadResult(concurrency, sent=100, correct=100, duration_s=100 / rps)
+        result.statuses["ok"] = 100
+        result.latencies_ms = [p50_ms] * 100
+        return result
+
+    def model_run(key: str, grpc_rps: float, grpc_p50: float) -> ModelRun:
+        def round_() -> Round:
+            return Round(
+                c1={GRPC: load(100, grpc_p50, 1), REST: load(100, 5.0, 1), POST: load(100, 4.0, 1)},
+                c64={
+                    name: Loop(load(rps, 90.0, 64), client_cpu_s=0.03, server_cpu_s=0.2)
+                    for name, rps in ((GRPC, grpc_rps), (REST, 500.0), (POST, 600.0))
+                },
+            )
+
+        return ModelRun(key, default_model(), QUICK.counts["default"], [round_(), round_()])
+
+    default_run, bert_run = model_run("default", 550.0, 4.5), model_run("bert-base", 400.0, 6.0)
+    bert_run.rounds[0].c64[POST].load.failures += ["12.50s: text 3: ServerDisconnectedError: gone", "2.00s: text 1: x"]
+    bert_run.closed = {"idle": 3.0, "write_timeout": 0.0}
+    run = GrpcRun(QUICK, [default_run, bert_run], (0, 0, 0), (0, 0, 0))
+    report = render(run, "python -m benchmarks.grpc --test")
+    default, bert = report.split("\n## ")[1:]
+    assert "req/s at c=64: **1.10×** (per round 1.10, 1.10; target ≥ 1×): PASS" in default
+    assert "p50 at c=1: **0.90×** (per round 0.90, 0.90; target ≤ 1×): PASS" in default
+    assert "minus REST's: median -0.50 ms" in default
+    assert "| gRPC ModelInfer | 4.50 | 4.50 | 550.0 | 90.0 | 90.0 | 0.30 | 2.00 | ok: 400 | 0 |" in default
+    # bert-base's shape misses both, and is not judged: the targets are the default model's.
+    assert "**0.80×**" in bert and "**1.20×**" in bert and "PASS" not in bert and "FAIL" not in bert
+    assert "POST /'s first failures (seconds since the client opened): 2.00s: text 1: x; 12.50s: text 3" in bert
+    assert "- connections the server closed (`/metrics`): idle 3\n" in bert and "first failures" not in default
+    assert "python -m benchmarks.grpc --test" in report and "versions: maskserve" in report and "flags:" in report
+
+
+@pytest.mark.slow
+@pytest.mark.load
+def test_the_grpc_benchmark_runs_quick_and_every_client_answers_every_text_right(tmp_path: Path) -> None:
+    from benchmarks.grpc import CANNED, QUICK, SYSTEMS, render, run
+
+    result = run(QUICK, log_dir=tmp_path)
+    assert [model.key for model in result.models] == [CANNED, "default"]
+    assert "idle" in result.models[1].closed  # maskserve's /metrics, scraped at the end
+    for model in result.models:  # the canned server first, then maskserve
+        [round_] = model.rounds
+        counts = QUICK.counts[model.key]
+        for name in SYSTEMS:  # each client, both concurrencies: every answer its own text's
+            assert (round_.c1[name].sent, round_.c1[name].correct) == (counts.c1, counts.c1)
+            assert (round_.c64[name].load.sent, round_.c64[name].load.correct) == (counts.c64, counts.c64)
+            assert round_.c64[name].load.rps > 0 and round_.c64[name].client_cpu_s > 0
+    report = render(result, "python -m benchmarks.grpc --quick")
+    assert report.count("| gRPC ModelInfer | ") == report.count("| REST infer route | ") == 2
+    assert report.count("target ≥ 1×): ") == report.count("target ≤ 1×): ") == 1  # the default model's
+    assert "the protocols alone (the canned server): " in report and "connections the server closed" in report
+    assert "tritonclient 2." in report and "grpcio 1." in report and "nan" not in report
