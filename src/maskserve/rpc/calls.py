@@ -65,7 +65,7 @@ class Calls:
         status it stands for (``rpc/status.py``), counted and logged first."""
         metadata = tuple(context.invocation_metadata() or ())
         state = RequestState(id=request_id(metadata))
-        result, error = await self.run(method, context, state, body, authorize=None if public else metadata)
+        result, error = await self.run(method, context, state, body, metadata, authorize=not public)
         if error is not None:
             await context.abort(status_code(error), public_message(error, state), trailers(error, state.id))
         context.set_trailing_metadata(((REQUEST_ID_KEY, state.id),))
@@ -77,21 +77,21 @@ class Calls:
         context: Any,
         state: RequestState,
         body: Callable[[RequestState], Awaitable[T]],
+        metadata: Sequence[tuple[str, Any]],
         *,
-        authorize: Sequence[tuple[str, Any]] | None,
+        authorize: bool,
     ) -> tuple[T | None, MaskserveError | None]:
-        """``body`` on ``state`` within the rules (the key when ``authorize`` holds the call's
-        metadata, the deadline, the span), counted and logged: its result, or the error the client
-        is to get. A client's cancellation propagates."""
+        """``body`` on ``state`` within the rules (the key in the call's ``metadata`` when asked to
+        ``authorize``, the deadline, the span), counted and logged: its result, or the error the
+        client is to get. A client's cancellation propagates."""
         started = time.perf_counter()
         status, error, result = 200, None, None
-        metadata = tuple(context.invocation_metadata() or ())
         span = self.spans.span(method, metadata, state) if self.spans is not None else contextlib.nullcontext()
         try:
             with span:
                 try:
-                    if authorize is not None:
-                        self.authorize(authorize)
+                    if authorize:
+                        self.authorize(metadata)
                     state.deadline = self._deadline(context)
                     result = await body(state)
                 except MaskserveError as exc:

@@ -57,7 +57,7 @@ class _NotServed(grpc.GenericRpcHandler):  # type: ignore[misc]
         return _not_served(handler_call_details)
 
 
-def inference_handler(servicer: InferenceServicer) -> Any:
+def inference_handlers(servicer: InferenceServicer) -> dict[str, Any]:
     """The service's methods, each with its messages' (de)serializers from the protocol's pool."""
     handlers: dict[str, Any] = {}
     for name in method_names():
@@ -68,7 +68,7 @@ def inference_handler(servicer: InferenceServicer) -> Any:
             request_deserializer=request.FromString,
             response_serializer=response.SerializeToString,
         )
-    return grpc.method_handlers_generic_handler(SERVICE, handlers)
+    return handlers
 
 
 def listen_address(host: str, port: int) -> str:
@@ -92,7 +92,10 @@ class GrpcServer:
                 ("grpc.max_send_message_length", -1),
             ]
         )
-        self.server.add_generic_rpc_handlers((inference_handler(InferenceServicer(self.calls)),))
+        # Generic, not registered: which calls grpcio's core matches to registered methods depends on
+        # the client and the release (a call it does not match would fall to _NotServed).
+        handlers = inference_handlers(InferenceServicer(self.calls))
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(service), self.server)
         reflection.enable_server_reflection((SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME), self.server, POOL)
         self.server.add_generic_rpc_handlers((_NotServed(),))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from maskserve.config.settings import Settings
@@ -144,7 +144,7 @@ class InferenceServicer:
         async def read() -> None:
             try:
                 async for request in requests:
-                    await pending.put(asyncio.create_task(self._stream_one(request, context)))
+                    await pending.put(asyncio.create_task(self._stream_one(request, context, metadata)))
             finally:
                 await pending.put(None)
 
@@ -162,7 +162,7 @@ class InferenceServicer:
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
 
-    async def _stream_one(self, request: Any, context: Any) -> Any:
+    async def _stream_one(self, request: Any, context: Any, metadata: Sequence[tuple[str, Any]]) -> Any:
         """One request of a stream; an error is its answer's ``error_message``, with the message a
         unary call's status would carry."""
         state = RequestState(id=new_request_id())
@@ -170,7 +170,7 @@ class InferenceServicer:
         async def answer(state: RequestState) -> Any:
             return await self._infer(state, request)
 
-        result, error = await self.calls.run("ModelStreamInfer", context, state, answer, authorize=None)
+        result, error = await self.calls.run("ModelStreamInfer", context, state, answer, metadata, authorize=False)
         if error is not None:
             return ModelStreamInferResponse(error_message=public_message(error, state))
         return ModelStreamInferResponse(infer_response=result)

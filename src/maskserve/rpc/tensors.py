@@ -11,9 +11,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from maskserve.config.settings import Settings
 from maskserve.errors import InvalidInput
 from maskserve.rpc.protocol import ModelInferResponse
-from maskserve.tasks.oip_tensors import DATATYPE, InferRequest, InferRequestParser, encode_bytes_tensor
+from maskserve.tasks.oip_tensors import (
+    DATATYPE,
+    INPUT_NAME,
+    OUTPUT_NAMES,
+    InferRequest,
+    InferRequestParser,
+    encode_bytes_tensor,
+)
 
 # The InferParameter oneof's fields, each a scalar the JSON form would hold.
 _PARAMETER_FIELDS = ("bool_param", "int64_param", "string_param", "double_param", "uint64_param")
@@ -77,7 +85,39 @@ def _texts(items: list[bytes]) -> list[str]:
 def parse_infer(parser: InferRequestParser, message: Any) -> tuple[InferRequest, bool]:
     """The parsed request (a 4xx naming the field at fault otherwise), and whether to answer raw."""
     document, raw, came_raw = infer_document(message)
-    return parser.parse_document(document, raw), came_raw
+    return parser.parse_document(document, raw, schema_holds=schema_holds(message, parser.settings)), came_raw
+
+
+# The parameters a message may carry and still be known valid without the schema's walk, each with
+# the InferParameter field its value must be in. Any other takes the walk.
+_PLAIN_PARAMETERS = {"top_k": "int64_param", "targets": "string_param", "tokens": "bool_param"}
+# The most dimensions an input's shape may have (the schema's maxItems).
+_MAX_DIMENSIONS = 8
+
+
+def schema_holds(message: Any, settings: Settings) -> bool:
+    """Whether the message's document is certainly one the infer schema admits: one input, ``text``,
+    BYTES, a shape of 1 to 8 non-negative sizes, no input parameters; at most one output, named as
+    served, without parameters; parameters among ``top_k`` (an integer within the limit),
+    ``targets`` (a non-empty string) and ``tokens`` (a boolean). The JSON schema's walk costs a
+    gRPC call a sizeable share of its CPU; the protobuf message is typed, so these few checks say
+    the same for the messages clients send. False sends the message the schema's way."""
+    if len(message.inputs) != 1 or len(message.outputs) > 1:
+        return False
+    tensor = message.inputs[0]
+    if tensor.name != INPUT_NAME or tensor.datatype != DATATYPE or len(tensor.parameters):
+        return False
+    if not 1 <= len(tensor.shape) <= _MAX_DIMENSIONS or min(tensor.shape) < 0:
+        return False
+    if message.outputs and (message.outputs[0].name not in OUTPUT_NAMES or len(message.outputs[0].parameters)):
+        return False
+    parameters = message.parameters
+    for name in parameters:
+        if _PLAIN_PARAMETERS.get(name) != parameters[name].WhichOneof("parameter_choice"):
+            return False
+    if "top_k" in parameters and not 1 <= parameters["top_k"].int64_param <= settings.max_top_k:
+        return False
+    return "targets" not in parameters or bool(parameters["targets"].string_param)
 
 
 def infer_response(model_name: str, version: str, request: InferRequest, texts_json: list[bytes], raw: bool) -> Any:

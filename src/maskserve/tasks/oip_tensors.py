@@ -188,12 +188,17 @@ class InferRequestParser:
         header, binary = self._split(body, header_length)
         return self.parse_document(load_json(header, self.settings.max_json_depth), binary)
 
-    def parse_document(self, document: object, binary: bytes = b"") -> InferRequest:
+    def parse_document(self, document: object, binary: bytes = b"", *, schema_holds: bool = False) -> InferRequest:
         """An infer request as the JSON document the protocol defines, and the binary tensor data
-        its input names (``binary_data_size``): what REST bodies and gRPC messages both become."""
-        error = jsonschema.exceptions.best_match(self._validator.iter_errors(document))
-        if error is not None:
-            raise schema_error(error)
+        its input names (``binary_data_size``): what REST bodies and gRPC messages both become.
+
+        ``schema_holds``: the caller has checked, on its typed form, that the document is certainly
+        one the schema admits (gRPC's common messages), so the schema's walk is skipped; any
+        document it is not sure of takes that walk, which names what is wrong."""
+        if not schema_holds:
+            error = jsonschema.exceptions.best_match(self._validator.iter_errors(document))
+            if error is not None:
+                raise schema_error(error)
         assert isinstance(document, dict)  # the schema says so
         tensor = document["inputs"][0]
         texts = tuple(self._texts(tensor, binary))

@@ -10,8 +10,8 @@ import pytest
 
 from maskserve.config.settings import Settings
 from maskserve.errors import InvalidInput
-from maskserve.rpc.protocol import ModelInferRequest
-from maskserve.rpc.tensors import infer_document, infer_response, parse_infer
+from maskserve.rpc.protocol import InferParameter, ModelInferRequest
+from maskserve.rpc.tensors import infer_document, infer_response, parse_infer, schema_holds
 from maskserve.tasks.fill_mask_request import FillMaskRequest
 from maskserve.tasks.oip_tensors import InferRequestParser, encode_bytes_tensor
 from maskserve.tasks.score_request import ScoreRequest
@@ -97,3 +97,53 @@ def test_the_answer_is_raw_when_the_texts_came_raw(raw: bool) -> None:
         assert list(response.raw_output_contents) == [encode_bytes_tensor(answers)]
     else:
         assert list(output.contents.bytes_contents) == answers
+
+
+def variants() -> list[tuple[str, Any]]:
+    """Messages around every edge the typed check looks at, each with how it was made."""
+
+    def made(name: str, change: Any, raw: bool = True) -> tuple[str, Any]:
+        message = request(raw)
+        change(message)
+        return name, message
+
+    def parameter(name: str, field: str, value: object) -> Any:
+        return lambda m: setattr(m.parameters[name], field, value)
+
+    return [
+        made("plain raw", lambda m: None),
+        made("plain contents", lambda m: None, raw=False),
+        made("top_k 1", parameter("top_k", "int64_param", 1)),
+        made("top_k at the limit", parameter("top_k", "int64_param", Settings().max_top_k)),
+        made("top_k past the limit", parameter("top_k", "int64_param", Settings().max_top_k + 1)),
+        made("top_k 0", parameter("top_k", "int64_param", 0)),
+        made("top_k as a string", parameter("top_k", "string_param", "3")),
+        made("targets", parameter("targets", "string_param", "dog,cat")),
+        made("targets empty", parameter("targets", "string_param", "")),
+        made("tokens", parameter("tokens", "bool_param", True)),
+        made("tokens as an int", parameter("tokens", "int64_param", 1)),
+        made("metric", parameter("metric", "string_param", "nonsense")),
+        made("unknown parameter", parameter("temperature", "double_param", 0.5)),
+        made("no shape", lambda m: m.inputs[0].ClearField("shape")),
+        made("negative size", lambda m: m.inputs[0].shape.__setitem__(0, -1)),
+        made("nine dimensions", lambda m: m.inputs[0].shape.extend([1] * 8)),
+        made("eight dimensions", lambda m: m.inputs[0].shape.extend([1] * 7)),
+        made("another name", lambda m: setattr(m.inputs[0], "name", "image")),
+        made("another datatype", lambda m: setattr(m.inputs[0], "datatype", "FP32")),
+        made("input parameters", lambda m: setattr(m.inputs[0].parameters["x"], "bool_param", True)),
+        made("two inputs", lambda m: m.inputs.add(name="text", datatype="BYTES", shape=[1]), raw=False),
+        made("output scores", lambda m: m.outputs.add(name="scores")),
+        made("output unknown", lambda m: m.outputs.add(name="logits")),
+        made("two outputs", lambda m: (m.outputs.add(name="scores"), m.outputs.add(name="predictions"))),
+        made("output parameters", lambda m: m.outputs.add(name="scores").parameters["binary_data"].MergeFrom(
+            InferParameter(bool_param=True))),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "message"), variants(), ids=[name for name, _ in variants()])
+def test_the_typed_check_says_valid_only_what_the_schema_admits(name: str, message: Any) -> None:
+    document, _, _ = infer_document(message)
+    admitted = not list(PARSER._validator.iter_errors(document))
+    assert not schema_holds(message, PARSER.settings) or admitted, name
+    if name in ("plain raw", "plain contents", "top_k 1", "targets", "tokens", "output scores"):
+        assert schema_holds(message, PARSER.settings), name  # what clients send takes the short way
