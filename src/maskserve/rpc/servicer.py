@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from maskserve.config.settings import Settings
-from maskserve.errors import MaskserveError
 from maskserve.middleware.error_sanitizer import new_request_id
 from maskserve.request.oip_model import (
     MODEL_VERSION,
@@ -133,11 +132,15 @@ class InferenceServicer:
         checked once, for the stream; each request has its own record, id, metrics and access line."""
         metadata = tuple(context.invocation_metadata() or ())
         stream_id = request_id(metadata)
-        try:
-            self.calls.authorize(metadata)
-        except MaskserveError as error:
-            state = RequestState(id=stream_id)
-            await context.abort(status_code(error), public_message(error, state), trailers(error, stream_id))
+        if self.calls.keys:  # a refused stream is counted and logged, as a refused call is
+            refused = RequestState(id=stream_id)
+
+            async def nothing(state: RequestState) -> None:
+                return None
+
+            _, error = await self.calls.run("ModelStreamInfer", context, refused, nothing, metadata, authorize=True)
+            if error is not None:
+                await context.abort(status_code(error), public_message(error, refused), trailers(error, stream_id))
         context.set_trailing_metadata(((REQUEST_ID_KEY, stream_id),))
         pending: asyncio.Queue[asyncio.Task[Any] | None] = asyncio.Queue(STREAM_READ_AHEAD)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Any
 
 import grpc
 import pytest
@@ -69,8 +70,9 @@ async def test_each_call_has_its_access_line_and_protocol_labelled_series(
     assert (await requests_counted(app))[("http", "fill_mask", "200", "ok", "maskserve")] == 1
 
 
-async def requests_counted(app: GrpcApp) -> dict[tuple[str, ...], float]:
-    text = await (await app.http.get("/metrics")).text()
+async def requests_counted(app: GrpcApp, key: str | None = None) -> dict[tuple[str, ...], float]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    text = await (await app.http.get("/metrics", headers=headers)).text()
     [family] = [f for f in text_string_to_metric_families(text) if f.name == "maskserve_requests"]
     keys = ("protocol", "route", "status", "kind", "model")
     return {tuple(s.labels[k] for k in keys): s.value for s in family.samples if s.name.endswith("_total")}
@@ -91,3 +93,21 @@ async def test_an_unexpected_failure_is_internal_with_the_request_id_and_nothing
     assert "secret /opt/model/weights.bin exploded" in caplog.text  # the log has it whole
     model.encode_error = None
     assert (await app.stub.ModelInfer(raw_request(["a [MASK]"], raw=True))).outputs
+
+
+async def test_a_stream_needs_the_key_and_a_refused_one_is_counted(make_grpc: GrpcFactory) -> None:
+    app = await make_grpc(api_key=KEY)
+
+    async def one() -> Any:
+        yield raw_request(["a [MASK]"], raw=True)
+
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        _ = [answer async for answer in app.stub.ModelStreamInfer(one())]
+    assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    answers = [
+        answer async for answer in app.stub.ModelStreamInfer(one(), metadata=(("authorization", f"Bearer {KEY}"),))
+    ]
+    assert len(answers) == 1 and answers[0].infer_response.outputs and not answers[0].error_message
+    counted = await requests_counted(app, KEY)
+    assert counted[("grpc", "ModelStreamInfer", "401", "unauthorized", "")] == 1
+    assert counted[("grpc", "ModelStreamInfer", "200", "ok", "maskserve")] == 1
