@@ -6,6 +6,8 @@ flight before the process exits 0."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import re
 import signal
 import socket
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2, service_pb2_grpc
@@ -51,7 +54,25 @@ async def test_reflection_lists_every_service_served(make_grpc: GrpcFactory) -> 
     listed, described = [answer async for answer in stub.ServerReflectionInfo(ask())]
     names = {service.name for service in listed.list_services_response.service}
     assert {"inference.GRPCInferenceService", "grpc.health.v1.Health"} <= names
-    assert described.file_descriptor_response.file_descriptor_proto  # grpcurl can describe the messages
+    # What grpcurl does with them: build the messages from the served descriptors alone, send the
+    # docs' JSON request, read the answer.
+    pool = descriptor_pool.DescriptorPool()
+    for file in described.file_descriptor_response.file_descriptor_proto:
+        pool.Add(descriptor_pb2.FileDescriptorProto.FromString(file))
+    request_class = message_factory.GetMessageClass(pool.FindMessageTypeByName("inference.ModelInferRequest"))
+    response_class = message_factory.GetMessageClass(pool.FindMessageTypeByName("inference.ModelInferResponse"))
+    text = base64.b64encode(b"Paris is the [MASK] of France.").decode()
+    docs_request = {
+        "model_name": "maskserve",
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "contents": {"bytes_contents": [text]}}],
+    }
+    call = app.channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+    answer = response_class.FromString(
+        await call(json_format.ParseDict(docs_request, request_class()).SerializeToString())
+    )
+    [item] = json_format.MessageToDict(answer)["outputs"][0]["contents"]["bytesContents"]  # base64, as grpcurl shows
+    predictions = json.loads(base64.b64decode(item))
+    assert predictions[0]["token_str"] and "france" in predictions[0]["sequence"]
 
 
 async def grpc_counts(url: str) -> dict[str, float]:
