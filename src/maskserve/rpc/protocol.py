@@ -11,6 +11,7 @@ holds any protobuf release's classes and collides with nothing.
 
 from __future__ import annotations
 
+import functools
 from importlib import resources
 from typing import Any
 
@@ -43,8 +44,9 @@ def message(name: str) -> Any:
     return message_factory.GetMessageClass(POOL.FindMessageTypeByName(f"{PACKAGE}.{name}"))
 
 
+@functools.cache
 def method_types(method: str) -> tuple[Any, Any]:
-    """The request and response classes of one of the service's methods."""
+    """The request and response classes of one of the service's methods (looked up once each)."""
     found = POOL.FindServiceByName(SERVICE).FindMethodByName(method)
     return message_factory.GetMessageClass(found.input_type), message_factory.GetMessageClass(found.output_type)
 
