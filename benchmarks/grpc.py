@@ -60,9 +60,9 @@ from maskserve.config.cpus import available_cpus
 
 from . import offline
 from .agreement import cpu_line
-from .load import Expected, LoadResult, check_answer, percentile
+from .load import Expected, LoadResult, percentile
 from .models import CACHE_DIR, BenchModel, bert_base_model, default_model
-from .run import cpu_model, log, publish
+from .run import cpu_model, load_averages, log, publish
 from .sentences import make_sentences
 from .servers import Server, free_port, maskserve_argv
 
@@ -142,26 +142,24 @@ def _predictions(result: Any) -> Any:
     return json.loads(result.as_numpy("predictions")[0])
 
 
-async def grpc_client(address: str) -> Client:
-    client = triton_grpc.InferenceServerClient(address)
+def _triton_client(name: str, triton: Any, address: str) -> Client:
+    """tritonclient's asyncio client of either transport (``triton``: its module), one text a request."""
+    client = triton.InferenceServerClient(address)
 
     async def send(text: str) -> Any:
-        tensor = triton_grpc.InferInput("text", [1], "BYTES")
+        tensor = triton.InferInput("text", [1], "BYTES")
         tensor.set_data_from_numpy(np.array([text.encode("utf-8")], dtype=object))
         return _predictions(await client.infer(MODEL_NAME, [tensor]))
 
-    return Client(GRPC, send, client.close)
+    return Client(name, send, client.close)
+
+
+async def grpc_client(address: str) -> Client:
+    return _triton_client(GRPC, triton_grpc, address)
 
 
 async def rest_client(address: str) -> Client:
-    client = triton_http.InferenceServerClient(address)
-
-    async def send(text: str) -> Any:
-        tensor = triton_http.InferInput("text", [1], "BYTES")
-        tensor.set_data_from_numpy(np.array([text.encode("utf-8")], dtype=object))
-        return _predictions(await client.infer(MODEL_NAME, [tensor]))
-
-    return Client(REST, send, client.close)
+    return _triton_client(REST, triton_http, address)
 
 
 async def post_client(address: str) -> Client:
@@ -200,13 +198,7 @@ async def _call(client: Client, texts: Sequence[str], expected: Sequence[Expecte
         return
     result.latencies_ms.append((time.perf_counter() - started) * 1000)
     result.statuses["ok"] += 1
-    reason = check_answer(answer, expected[k])
-    if reason is None:
-        result.correct += 1
-    else:
-        result.wrong += 1
-        result.first_wrong = result.first_wrong or f"text {k}: {reason}"
-        result.fail(time.monotonic() - client.opened, f"wrong answer to text {k}: {reason}")
+    result.count_answer(answer, expected[k], time.monotonic() - client.opened, f"text {k}")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -619,8 +611,8 @@ def render(result: GrpcRun, command: str) -> str:
         "",
         f"- command: `{command}`",
         f"- date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; machine: {cpu_model()}, nproc {available_cpus()} "
-        f"(os.cpu_count {os.cpu_count()}); load average (1/5/15 min) {_load(result.load_before)} before, "
-        f"{_load(result.load_after)} after",
+        f"(os.cpu_count {os.cpu_count()}); load average (1/5/15 min) {load_averages(result.load_before)} before, "
+        f"{load_averages(result.load_after)} after",
         f"- {cpu_line()}",
         f"- versions: {versions()}",
         "- clients, in this process on one asyncio loop, one per protocol: "
@@ -642,10 +634,6 @@ def render(result: GrpcRun, command: str) -> str:
 
 def _paired(differences: Sequence[float]) -> str:
     return f"{statistics.median(differences):+.2f} ms" if differences else "– (a client failed a text)"
-
-
-def _load(averages: Sequence[float]) -> str:
-    return "/".join(f"{a:.1f}" for a in averages)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -89,6 +89,16 @@ class LoadResult:
         if len(self.failures) < MAX_FAILURES_KEPT:
             self.failures.append(f"{at_s:.2f}s: {what}")
 
+    def count_answer(self, answer: Any, expected: Expected, at_s: float, which: str) -> None:
+        """Count ``answer`` (to ``which``, e.g. "sentence 3") correct, or wrong and described."""
+        reason = check_answer(answer, expected)
+        if reason is None:
+            self.correct += 1
+        else:
+            self.wrong += 1
+            self.first_wrong = self.first_wrong or f"{which}: {reason}"
+            self.fail(at_s, f"wrong answer to {which}: {reason}")
+
     @property
     def failed(self) -> int:
         """Requests that got no correct answer: connection errors, non-200 statuses, wrong answers."""
@@ -164,13 +174,7 @@ async def run_load(
                 answer = json.loads(body)
             except ValueError:
                 answer = body[:80]  # not JSON: check_answer says so
-            reason = check_answer(answer, expected[k])
-            if reason is None:
-                result.correct += 1
-            else:
-                result.wrong += 1
-                result.first_wrong = result.first_wrong or f"sentence {k}: {reason}"
-                result.fail(loop.time() - begun, f"wrong answer to sentence {k}: {reason}")
+            result.count_answer(answer, expected[k], loop.time() - begun, f"sentence {k}")
 
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         begun = loop.time()

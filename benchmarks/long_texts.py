@@ -59,7 +59,7 @@ from . import offline
 from .agreement import cpu_line
 from .load import is_loopback, percentile
 from .models import CACHE_DIR, default_model
-from .run import cpu_model, log, offline_thread_counts, publish
+from .run import cpu_model, load_averages, log, offline_thread_counts, publish
 from .score import multiply_adds
 from .sentences import make_sentences
 from .servers import Server, free_port, maskserve_argv
@@ -698,8 +698,8 @@ def render(run_: LongRun, command: str) -> str:
         f"- command: `{command}`",
         f"- date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; machine: {cpu_model()}, nproc {available_cpus()} "
         f"(os.cpu_count {os.cpu_count()}), Python {platform.python_version()}, torch {torch.__version__}, "
-        f"transformers {transformers.__version__}; load average (1/5/15 min) {_load(run_.load_before)} before, "
-        f"{_load(run_.load_after)} after",
+        f"transformers {transformers.__version__}; load average (1/5/15 min) {load_averages(run_.load_before)} before, "
+        f"{load_averages(run_.load_after)} after",
         f"- {cpu_line()}",
         f"- model: the default model (2-layer BERT, hidden 128, {MODEL_TOKENS} tokens), torch float32",
         f"- maskserve: one server, `python -m maskserve --model DEFAULT {' '.join(SERVE_FLAGS)}` (every other "
@@ -878,10 +878,6 @@ def against(ratio: float, target: float) -> str:
 
 def verdict(met: bool) -> str:
     return "met" if met else "NOT met"
-
-
-def _load(averages: Sequence[float]) -> str:
-    return "/".join(f"{a:.1f}" for a in averages)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

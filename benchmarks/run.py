@@ -392,7 +392,8 @@ def _best_batch_size(run: ModelRun, *, sorted_: bool) -> int:
     return max(run.plan.batch_sizes, key=rate)
 
 
-def _load(averages: Sequence[float]) -> str:
+def load_averages(averages: Sequence[float]) -> str:
+    """The 1/5/15-minute load averages, as every report prints them."""
     return "/".join(f"{a:.1f}" for a in averages)
 
 
@@ -581,7 +582,7 @@ def render(runs: Sequence[ModelRun], concurrencies: Sequence[int], command: str,
             f"{plan.rounds} rounds; requests per measurement: "
             + ", ".join(f"c={c}: {plan.requests_at(c)}" for c in concurrencies)
             + f"; offline batch sizes {', '.join(map(str, plan.batch_sizes))}. Load average "
-            f"(1/5/15 min) {_load(run.load_before)} before, {_load(run.load_after)} after.",
+            f"(1/5/15 min) {load_averages(run.load_before)} before, {load_averages(run.load_after)} after.",
             "",
             "| concurrency | system | req/s | p50 ms | p90 ms | p99 ms | statuses | wrong answers |",
             "|---|---|---|---|---|---|---|---|",
