@@ -53,6 +53,19 @@ async def wait_until_queue_holds(session: aiohttp.ClientSession, base: str, text
     return False
 
 
+def deep_queue_texts(count: int) -> list[str]:
+    """Long texts on the default model, sent one a batch: the queue is still deep at SIGTERM."""
+    return [f"the {'big red ' * (200 + n % 30)}[MASK] is red." for n in range(count)]
+
+
+def check_drained(output: str, answered: int) -> None:
+    """From the server's log: SIGTERM found work queued, all of it was answered within the budget."""
+    draining = re.search(r"draining (\d+) queued texts", output)
+    assert draining and int(draining.group(1)) > 0, output  # SIGTERM really found work waiting
+    assert answered >= int(draining.group(1))
+    assert "drain budget" not in output  # finished within the budget: nothing answered 503
+
+
 async def test_sigterm_with_requests_in_flight_answers_them_all_then_exits_0(tmp_path: Path) -> None:
     server = start_maskserve(
         "--torch-threads", "1", "--max-batch-size", "1", "--drain-timeout", "60", log_path=tmp_path / "server.log"
@@ -61,8 +74,7 @@ async def test_sigterm_with_requests_in_flight_answers_them_all_then_exits_0(tmp
         await asyncio.to_thread(wait_until_ready, server)
         url = server.url + "/"
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-            # Long texts one at a time on the default model: the queue is still deep at SIGTERM.
-            texts = [f"the {'big red ' * (200 + n % 30)}[MASK] is red." for n in range(120)]
+            texts = deep_queue_texts(120)
 
             async def ask(text: str) -> str:
                 async with session.post(url, data=text) as response:
@@ -84,7 +96,4 @@ async def test_sigterm_with_requests_in_flight_answers_them_all_then_exits_0(tmp
     # Requests already queued at SIGTERM are answered; ones the server read after intake closed
     # get a clean 503 shutting_down. Nothing else: no dropped connection, no other error.
     assert set(statuses) <= {"ok", "shutting_down"}, statuses
-    draining = re.search(r"draining (\d+) queued texts", output)
-    assert draining and int(draining.group(1)) > 0, output  # SIGTERM really found work waiting
-    assert statuses.count("ok") >= int(draining.group(1))
-    assert "drain budget" not in output  # finished within the budget: nothing answered 503
+    check_drained(output, statuses.count("ok"))

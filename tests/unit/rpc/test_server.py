@@ -8,19 +8,19 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import re
 import signal
 import socket
 from pathlib import Path
 
+import aiohttp
 import grpc
-import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests.live_server import free_port, maskserve_process, run_maskserve, start_maskserve, wait_until_ready
+from tests.system.test_shutdown import QUEUED_BEFORE_SIGTERM, check_drained, deep_queue_texts, wait_until_queue_holds
 from tests.unit.rpc.conftest import GrpcFactory
 from tests.unit.rpc.test_servicer import raw_request
 
@@ -77,8 +77,6 @@ async def test_reflection_lists_every_service_served(make_grpc: GrpcFactory) -> 
 
 async def grpc_counts(url: str) -> dict[str, float]:
     """ModelInfer calls answered, by worker, from /metrics (which merges every worker's series)."""
-    import aiohttp
-
     async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as response:
         text = await response.text()
     [family] = [f for f in text_string_to_metric_families(text) if f.name == "maskserve_requests"]
@@ -121,10 +119,11 @@ async def test_sigterm_answers_the_calls_in_flight_then_exits_0(tmp_path: Path) 
         await asyncio.to_thread(wait_until_ready, server)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-            texts = [f"the {'big red ' * (200 + n % 30)}[MASK] is red." for n in range(60)]
+            texts = deep_queue_texts(60)
             calls = [stub.ModelInfer(raw_request([text], raw=True)) for text in texts]
             tasks = [asyncio.ensure_future(call) for call in calls]
-            await wait_until_queued(stub, server.url)
+            async with aiohttp.ClientSession() as session:
+                assert await wait_until_queue_holds(session, server.url, QUEUED_BEFORE_SIGTERM), "nothing queued"
             server.signal(signal.SIGTERM)
             outcomes = await asyncio.gather(*tasks, return_exceptions=True)
         exit_code = await asyncio.to_thread(server.wait, 60)
@@ -137,20 +136,4 @@ async def test_sigterm_answers_the_calls_in_flight_then_exits_0(tmp_path: Path) 
     assert len(answered) + len(refused) == len(texts), outcomes
     # Calls queued at SIGTERM are answered; one that came after intake closed is UNAVAILABLE.
     assert all(error.code() == grpc.StatusCode.UNAVAILABLE for error in refused), refused
-    draining = re.search(r"draining (\d+) queued texts", output)
-    assert draining and int(draining.group(1)) > 0, output
-    assert len(answered) >= int(draining.group(1))
-    assert "drain budget" not in output
-
-
-async def wait_until_queued(stub: service_pb2_grpc.GRPCInferenceServiceStub, url: str) -> None:
-    """Until /readyz shows ten texts queued: SIGTERM then really finds work waiting."""
-    import aiohttp
-
-    async with aiohttp.ClientSession() as session:
-        for _ in range(6000):
-            async with session.get(url + "/readyz") as response:
-                if (await response.json())["queue_depth"] >= 10:
-                    return
-            await asyncio.sleep(0.01)
-    pytest.fail("the calls never queued")
+    check_drained(output, len(answered))
