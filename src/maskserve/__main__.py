@@ -15,6 +15,7 @@ from maskserve.config.model_configs import model_configs
 from maskserve.config.settings import Settings, SettingsError, flag_name
 from maskserve.http.app import SETTINGS_CHECKS, create_app
 from maskserve.observability.logs import configure_logging
+from maskserve.rpc import GrpcPortUnavailable
 from maskserve.server.serve import serve
 
 log = logging.getLogger("maskserve")
@@ -58,13 +59,6 @@ def log_followed_defaults(settings: Settings) -> None:
             log.info("model %r: %s is %r: its default follows %s=%r", *own)
 
 
-def listen_failure(settings: Settings, exc: OSError) -> str:
-    """The one line that says which port could not be listened on, and why."""
-    if exc.strerror is None and exc.args and "gRPC" in str(exc.args[0]):
-        return str(exc.args[0])  # the gRPC server's own, naming its address
-    return f"cannot listen on {settings.host}:{settings.port} ({exc.strerror or exc})"
-
-
 def _load_and_serve(settings: Settings) -> int:
     if settings.workers > 1:
         # gunicorn forks the workers; each loads its own model (workers.py).
@@ -86,11 +80,14 @@ def _load_and_serve(settings: Settings) -> int:
         # that cannot be used, rather than serve something else.
         log.error("cannot start: %s", exc)
         return 2
+    except GrpcPortUnavailable as exc:  # its message names the gRPC address
+        log.error("cannot start: %s", exc)
+        return 2
     except OSError as exc:
         # Port taken, address not on this machine, no permission: a setting that cannot be used
         # here (exit 2, as for a bad value), the operator's to fix; a traceback would only hide
         # the one line that says so.
-        log.error("cannot start: %s", listen_failure(settings, exc))
+        log.error("cannot start: cannot listen on %s:%d (%s)", settings.host, settings.port, exc.strerror or exc)
         return 2
     return 0
 

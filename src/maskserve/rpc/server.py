@@ -22,6 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from maskserve.middleware.auth import parse_api_keys
+from maskserve.rpc import GrpcPortUnavailable
 from maskserve.rpc.calls import Calls, CallSpans
 from maskserve.rpc.health import HealthServicer
 from maskserve.rpc.protocol import POOL, SERVICE, method_names, method_types
@@ -32,10 +33,6 @@ log = logging.getLogger(__name__)
 
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 STREAMING = frozenset({"ModelStreamInfer"})
-
-
-class GrpcPortUnavailable(OSError):
-    """The gRPC port cannot be bound (in use, not an address of this machine, no permission)."""
 
 
 def _not_served(call_details: Any) -> Any:
