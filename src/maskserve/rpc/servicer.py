@@ -121,8 +121,7 @@ class InferenceServicer:
         served = self._served(state, request.model_name, request.model_version)
         assert state.deadline is not None  # the call fixed it
         served.at_door(state.deadline)  # the circuit breaker's door, before any parsing
-        with state.trace.step("maskserve.parse"):
-            envelope, raw = parse_infer(infer_parser(served), request)
+        envelope, raw = parse_infer(infer_parser(served), request)  # as REST's infer parses its body
         inferred = await run_infer(state, served, envelope)
         version = request.model_version or MODEL_VERSION
         return infer_response(served.name, version, envelope, inferred.texts_json, raw)
