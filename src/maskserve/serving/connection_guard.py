@@ -26,13 +26,12 @@ and the buffered answer would stay in memory. Each close is counted by reason an
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import functools
 import logging
 from collections import Counter
 from collections.abc import Callable
 
 from maskserve.config.settings import Settings
+from maskserve.serving.memory import release_freed_memory
 
 log = logging.getLogger("maskserve.connections")
 
@@ -43,24 +42,6 @@ DROPS_ANSWERS = ("write_timeout", "unsent_bytes")
 # Seconds after such a close before the memory is handed back: by then the answer's last
 # references (its response, the handler's task) are gone too; several closes share one trim.
 TRIM_DELAY_S = 1.0
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        trim: Callable[[int], int] = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        return None
-    return trim
-
-
-def release_freed_memory() -> None:
-    """Hand the heap's free pages back to the system. An answer of megabytes dropped with its slow
-    reader goes back to the allocator, which keeps it for the process: without this, the resident
-    memory stays at the peak that slow readers pushed it to."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
 
 
 class Connection(asyncio.Protocol):
