@@ -162,6 +162,10 @@ def contradictions(settings: Settings) -> Iterator[tuple[str, str, str]]:
             yield bound.lower, bound.upper, bound.why
     if settings.max_batch_delay >= settings.request_timeout:
         yield "max_batch_delay", "request_timeout", "a request could time out waiting for others to batch with"
+    # Explicit control loads models only through the load route, which needs the control key:
+    # without one, no model beyond the preloaded ones could ever be served.
+    if settings.model_control_mode == "explicit" and settings.control_key is None:
+        yield "model_control_mode", "control_key", "explicit control needs a key for its load and unload routes"
     # Each listener needs a port of its own: the second to bind would stop start-up anyway, after
     # the models had loaded, and say less.
     ports = [(name, getattr(settings, name)) for name in ("port", "grpc_port", "agent_port")]

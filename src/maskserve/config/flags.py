@@ -63,6 +63,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "cache_dir",
         "warmup",
     ),
+    "model repository": ("model_repository", "model_control_mode", "models_memory", "control_key"),
     "batching": ("max_batch_size", "max_batch_tokens", "max_batch_delay", "max_queue"),
     "admission and limits": (
         "request_timeout",

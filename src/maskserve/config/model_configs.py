@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
 import yaml
@@ -21,6 +21,9 @@ import yaml
 from maskserve.config.bounds import contradictions, settings_from
 from maskserve.config.flags import GROUPS
 from maskserve.config.settings import NamedSettingsError, Settings, setting_fields
+
+if TYPE_CHECKING:
+    from maskserve.config.model_repository import ModelRepository
 
 # What a models file may set per model: how it runs, its batches, its queue and what it admits.
 # The server's own settings stay one per server: which models and where their exports go, the
@@ -37,6 +40,13 @@ PER_MODEL_SETTINGS: tuple[str, ...] = tuple(
 
 # The path-segment rule the routes carry a name in (the same as --model-name's).
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+# One model's own settings: a models file's entry, a repository model's settings file, a load's config.
+MODEL_SETTINGS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {key: {"type": ["string", "number", "boolean"]} for key in PER_MODEL_SETTINGS},
+}
 
 MODELS_FILE_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -92,7 +102,7 @@ def _from_flag(spec: str, alone: bool, settings: Settings) -> ModelConfig:
     return ModelConfig(name, source or None, settings)
 
 
-def _with_overrides(settings: Settings, overrides: dict[str, Any], where: str) -> Settings:
+def with_overrides(settings: Settings, overrides: dict[str, Any], where: str) -> Settings:
     """``settings`` with a models file's values, each parsed by its setting's own parser."""
     fields = {f.name: f for f in setting_fields()}
     values: dict[str, Any] = {}
@@ -129,7 +139,7 @@ def _from_file(path: str, settings: Settings) -> list[ModelConfig]:
     for entry in document["models"]:
         overrides = {key: value for key, value in entry.items() if key not in ("name", "source")}
         where = f"--models-file {path!r}: model {entry['name']!r}"
-        configs.append(ModelConfig(entry["name"], entry.get("source"), _with_overrides(settings, overrides, where)))
+        configs.append(ModelConfig(entry["name"], entry.get("source"), with_overrides(settings, overrides, where)))
     return configs
 
 
@@ -140,9 +150,23 @@ def model_configs(settings: Settings) -> tuple[ModelConfig, ...]:
     file that does not parse.
     """
     many = len(settings.model) + (settings.models_file is not None) > 1
-    configs = [_from_flag(spec, not many, settings) for spec in settings.model]
+    repository = _repository(settings)
+    configs = [
+        repository.config(spec, settings)
+        if repository is not None and spec in repository.names()
+        else _from_flag(spec, not many, settings)
+        for spec in settings.model
+    ]
     if settings.models_file is not None:
         configs += _from_file(settings.models_file, settings)
+    if not configs and repository is not None and repository.names():
+        # Nothing named: "none" serves the whole repository, as Triton does; the modes that load on
+        # request preload its first model, so that POST / has a default from the start.
+        names = repository.names()
+        configs = [
+            repository.config(name, settings)
+            for name in (names if settings.model_control_mode == "none" else names[:1])
+        ]
     if not configs:
         configs = [ModelConfig(settings.model_name, None, settings)]
     seen: set[str] = set()
@@ -151,6 +175,18 @@ def model_configs(settings: Settings) -> tuple[ModelConfig, ...]:
             raise NamedSettingsError(f"two models are named {config.name!r}; each model needs its own name")
         seen.add(config.name)
     return tuple(configs)
+
+
+def _repository(settings: Settings) -> ModelRepository | None:
+    # Imported here: the repository builds its models' configs with this module's parsers.
+    from maskserve.config.model_repository import ModelRepository
+
+    if settings.model_repository is None:
+        return None
+    repository = ModelRepository(settings.model_repository)
+    if not repository.root.is_dir():
+        raise NamedSettingsError(f"--model-repository {settings.model_repository!r}: no such folder")
+    return repository
 
 
 def check(settings: Settings) -> None:

@@ -66,6 +66,30 @@ class Settings:
         "The name clients use for the one model served: in the /models/NAME and Open Inference Protocol "
         "/v2/models/NAME routes, in /info and in the metrics. Several models are named by --model.",
     )
+    model_repository: str | None = _setting(
+        None,
+        values.optional_str,
+        "A folder of models, each a local model folder named as the model, with an optional "
+        "maskserve.yaml of its own settings (a models-file entry's keys: backend, precision, limits). "
+        "What is served from it follows --model-control-mode (docs: Model repository).",
+    )
+    model_control_mode: str = _setting(
+        "none",
+        values.choice("none", "explicit", "on-demand"),
+        "none: serve what is named at start (with --model-repository and no --model, every model "
+        "in it), no load or unload routes. explicit: load and unload on request (needs "
+        "--control-key; --model NAME preloads a repository model, else its first by name). "
+        "on-demand: as explicit, and a request to a repository model not loaded loads it, within "
+        "its deadline.",
+    )
+    models_memory: str | None = _setting(
+        None,
+        values.memory_budget,
+        "The most resident memory the loaded models may hold together: a size (1500MiB, 2GB) or a "
+        "share of the container's memory limit (60%). A load that would pass it first unloads the "
+        "least recently used idle models; if that is not enough it is refused (507) and nothing is "
+        "unloaded. Unset: no budget.",
+    )
     device: str = _setting("cpu", values.choice("cpu", "cuda", "auto"), "cpu, cuda, or auto (cuda when present).")
     dtype: str = _setting(
         "auto",
@@ -305,6 +329,18 @@ class Settings:
             "parse": values.api_keys,
             "help": "Bearer key(s) every route but health and the demo page then needs; comma-separated "
             "to roll keys over. Prefer the environment variable: flags show in the process list.",
+            "secret": True,
+        },
+    )
+    # repr=False: as the API key, never in a log line or a traceback.
+    control_key: str | None = field(
+        default=None,
+        repr=False,
+        metadata={
+            "parse": values.api_keys,
+            "help": "Bearer key(s) the model repository's load and unload routes need (the API key "
+            "does not grant them); comma-separated to roll keys over. Without one, those routes "
+            "answer 403, and --model-control-mode explicit refuses to start.",
             "secret": True,
         },
     )

@@ -3,8 +3,10 @@ raises ValueError saying why in a few words (the loader adds the flag and the va
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 
 
 def positive_int(text: str) -> int:
@@ -116,3 +118,80 @@ def exporters(text: str) -> str | None:
     if "none" in names and len(names) > 1:
         raise ValueError("none turns tracing off; it cannot be combined with other exporters")
     return ",".join(names) or None
+
+
+# Sizes by suffix, case-insensitive. A decimal prefix with B is decimal (GB = 10^9), as disk and
+# cloud prices count; with i (GiB, Gi) it is binary. K, M, G alone are binary, as Docker's
+# --memory and the kernel's own sizes read them: "512M" means what a container limit of 512M does.
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 2**10,
+    "m": 2**20,
+    "g": 2**30,
+    "t": 2**40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "ki": 2**10,
+    "mi": 2**20,
+    "gi": 2**30,
+    "ti": 2**40,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_SIZE = re.compile(r"(?P<number>\d+(?:\.\d+)?|\.\d+)\s*(?P<unit>[a-z]*)", re.IGNORECASE)
+_SHARE = re.compile(r"(?P<number>\d+(?:\.\d+)?|\.\d+)\s*%")
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """A budget as written: a number of bytes, or a share (0 < share <= 1) of the container's limit."""
+
+    text: str
+    size: int | None = None
+    share: float | None = None
+
+    def resolve(self, limit: int | None) -> int:
+        """The budget in bytes, a share taken of ``limit`` (the container's, read once at start)."""
+        if self.size is not None:
+            return self.size
+        assert self.share is not None, "a budget is a size or a share: this is a bug"
+        if limit is None:
+            raise ValueError(
+                f"memory budget {self.text!r} is a share of the container's memory limit, and this process "
+                "has none (no cgroup memory.max or memory.limit_in_bytes set): give a size such as 1500MiB"
+            )
+        return max(1, int(limit * self.share))
+
+
+def parse_memory_budget(text: str) -> MemoryBudget:
+    """Read ``1500MiB``, ``2GB``, ``2G``, ``512M``, ``1.5GiB``, ``1000000`` (bytes) or ``60%``.
+
+    GB, MB, KB are decimal; GiB, Gi, G, M, K are binary. Raises ValueError naming the text.
+    """
+    stripped = text.strip()
+    share = _SHARE.fullmatch(stripped)
+    if share is not None:
+        percent = float(share["number"])
+        if not 0 < percent <= 100:
+            raise ValueError(f"memory budget {text!r}: a share must be above 0% and at most 100%")
+        return MemoryBudget(text, share=percent / 100)
+    size = _SIZE.fullmatch(stripped)
+    if size is None or size["unit"].lower() not in _UNITS:
+        raise ValueError(
+            f"memory budget {text!r} is not a size (1500MiB, 2GB, 2G, 512M, bytes) or a share of the "
+            "container's limit (60%)"
+        )
+    value = float(size["number"]) * _UNITS[size["unit"].lower()]
+    if not math.isfinite(value) or value < 1:
+        raise ValueError(f"memory budget {text!r} must be at least one byte")
+    return MemoryBudget(text, size=int(value))
+
+
+def memory_budget(text: str) -> str | None:
+    """``--models-memory``: checked here, kept as written (a share is resolved where the server runs)."""
+    return parse_memory_budget(text).text.strip() if text.strip() else None

@@ -9,13 +9,16 @@ import asyncio
 import ctypes
 import functools
 import logging
-import math
 import os
-import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+from maskserve.config.settings import Settings
+from maskserve.config.values import parse_memory_budget
+
+T = TypeVar("T")
 
 log = logging.getLogger("maskserve.memory")
 
@@ -29,31 +32,6 @@ IDLE_TRIM_DELAY_S = 10.0
 # most this late after the delay has run out.
 IDLE_POLL_S = 2.5
 
-# Sizes by suffix, case-insensitive. A decimal prefix with B is decimal (GB = 10^9), as disk and
-# cloud prices count; with i (GiB, Gi) it is binary. K, M, G alone are binary, as Docker's
-# --memory and the kernel's own sizes read them: "512M" means what a container limit of 512M does.
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 2**10,
-    "m": 2**20,
-    "g": 2**30,
-    "t": 2**40,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "ki": 2**10,
-    "mi": 2**20,
-    "gi": 2**30,
-    "ti": 2**40,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-_SIZE = re.compile(r"(?P<number>\d+(?:\.\d+)?|\.\d+)\s*(?P<unit>[a-z]*)", re.IGNORECASE)
-_SHARE = re.compile(r"(?P<number>\d+(?:\.\d+)?|\.\d+)\s*%")
 # cgroup v1 writes "no limit" as the largest page-aligned signed 64-bit count; nothing real comes
 # near 2^62 bytes, so anything from there up is read as no limit.
 _NO_LIMIT = 2**62
@@ -148,49 +126,19 @@ def _read_limit(file: Path) -> int | None:
 # -- a memory budget ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class MemoryBudget:
-    """A budget as written: a number of bytes, or a share (0 < share <= 1) of the container's limit."""
-
-    text: str
-    size: int | None = None
-    share: float | None = None
-
-    def resolve(self, limit: int | None) -> int:
-        """The budget in bytes, a share taken of ``limit`` (the container's, read once at start)."""
-        if self.size is not None:
-            return self.size
-        assert self.share is not None, "a budget is a size or a share: this is a bug"
-        if limit is None:
-            raise ValueError(
-                f"memory budget {self.text!r} is a share of the container's memory limit, and this process "
-                "has none (no cgroup memory.max or memory.limit_in_bytes set): give a size such as 1500MiB"
-            )
-        return max(1, int(limit * self.share))
+def models_memory_budget(settings: Settings) -> int | None:
+    """``--models-memory`` in bytes (a share taken of the container's limit); None without one."""
+    if settings.models_memory is None:
+        return None
+    return parse_memory_budget(settings.models_memory).resolve(container_memory_limit())
 
 
-def parse_memory_budget(text: str) -> MemoryBudget:
-    """Read ``1500MiB``, ``2GB``, ``2G``, ``512M``, ``1.5GiB``, ``1000000`` (bytes) or ``60%``.
-
-    GB, MB, KB are decimal; GiB, Gi, G, M, K are binary. Raises ValueError naming the text.
-    """
-    stripped = text.strip()
-    share = _SHARE.fullmatch(stripped)
-    if share is not None:
-        percent = float(share["number"])
-        if not 0 < percent <= 100:
-            raise ValueError(f"memory budget {text!r}: a share must be above 0% and at most 100%")
-        return MemoryBudget(text, share=percent / 100)
-    size = _SIZE.fullmatch(stripped)
-    if size is None or size["unit"].lower() not in _UNITS:
-        raise ValueError(
-            f"memory budget {text!r} is not a size (1500MiB, 2GB, 2G, 512M, bytes) or a share of the "
-            "container's limit (60%)"
-        )
-    value = float(size["number"]) * _UNITS[size["unit"].lower()]
-    if not math.isfinite(value) or value < 1:
-        raise ValueError(f"memory budget {text!r} must be at least one byte")
-    return MemoryBudget(text, size=int(value))
+def resident_growth(call: Callable[[], T]) -> tuple[T, int]:
+    """``call()``'s result, and how many resident bytes the process grew by while it ran (never
+    below 0): a model load's size, when nothing else allocates much meanwhile."""
+    before = rss_bytes()
+    result = call()
+    return result, max(0, rss_bytes() - before)
 
 
 # -- handing memory back once traffic stops -------------------------------------------------------

@@ -19,6 +19,10 @@ OTHER_VALUES: dict[str, tuple[str, object]] = {
     "port": ("9001", 9001),
     "model": ("/models/bert", ("/models/bert",)),
     "models_file": ("/etc/maskserve/models.yaml", "/etc/maskserve/models.yaml"),
+    "model_repository": ("/srv/models", "/srv/models"),
+    "model_control_mode": ("on-demand", "on-demand"),
+    "models_memory": ("1500MiB", "1500MiB"),
+    "control_key": ("c" * 20, "c" * 20),
     "device": ("auto", "auto"),
     "dtype": ("float16", "float16"),
     "quantize": ("int8", "int8"),
@@ -105,6 +109,9 @@ BAD_VALUES: dict[str, str] = {
     "log_level": "loud",
     "log_json": "maybe",
     "api_key": "short",
+    "model_control_mode": "poll",
+    "models_memory": "lots",
+    "control_key": "short",
     "cors_origins": "ftp://files.example.com",
 }
 REFUSABLE = sorted(set(BAD_VALUES) & set(FIELDS))

@@ -1,0 +1,118 @@
+"""The model repository (``--model-repository DIR``): a folder of models, each a local model folder
+named as the model, with an optional ``maskserve.yaml`` of its own settings.
+
+    models/
+    ├── bert-base/              config.json, tokenizer and weights, as save_pretrained writes them
+    │   └── maskserve.yaml      optional: {backend: onnxruntime, max_batch_size: 16, ...}
+    └── legal-bert/
+
+A model's settings are the server's with the file's values applied, then a load's overrides (the
+Open Inference Protocol's ``parameters.config``), each parsed and checked as a models file's entry
+is. Names that come from requests never become paths: a name must be one path segment of the
+route's pattern, name a folder directly inside the repository, and resolve inside it (a symlink
+that leaves the repository is refused). Pure: no torch, no HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from maskserve.config.model_configs import MODEL_SETTINGS_SCHEMA, NAME_PATTERN, ModelConfig, with_overrides
+from maskserve.config.settings import NamedSettingsError, Settings
+
+# The per-model settings file inside a model's folder.
+SETTINGS_FILE = "maskserve.yaml"
+# What marks a folder as a model: the file every saved transformers model has.
+MODEL_MARKER = "config.json"
+
+
+class NotInRepository(LookupError):
+    """No model of that name is in the repository (or the name could not be one)."""
+
+
+class ModelRepository:
+    """One repository folder, read afresh on every call: a model copied in while serving is seen."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def names(self) -> list[str]:
+        """Every model in the repository, by name (sorted)."""
+        try:
+            entries = list(self.root.iterdir())
+        except OSError:
+            return []
+        found = []
+        for entry in entries:
+            try:
+                self.folder(entry.name)
+            except NotInRepository:
+                continue
+            found.append(entry.name)
+        return sorted(found)
+
+    def folder(self, name: str) -> Path:
+        """The folder of the model named ``name``; :class:`NotInRepository` for any name that is not
+        one path segment naming a model folder inside the repository."""
+        if not re.fullmatch(NAME_PATTERN, name) or name in (".", ".."):
+            raise NotInRepository(f"{name!r} cannot name a model (1-64 of A-Z a-z 0-9 . _ -)")
+        root = self.root.resolve()
+        # resolve() follows symlinks: a model folder that links out of the repository ends outside
+        # it, and is refused as ".." would be.
+        folder = (root / name).resolve()
+        if folder == root or not folder.is_relative_to(root):
+            raise NotInRepository(f"{name!r} leaves the model repository")
+        if not (folder / MODEL_MARKER).is_file():
+            raise NotInRepository(f"no model named {name!r} in the model repository")
+        return folder
+
+    def config(self, name: str, settings: Settings, overrides: dict[str, Any] | None = None) -> ModelConfig:
+        """The model ``name`` with its settings file's values, then ``overrides`` (a load's).
+
+        Raises :class:`NotInRepository`, or
+        :class:`~maskserve.config.settings.NamedSettingsError` naming the file or override at fault.
+        """
+        folder = self.folder(name)
+        values: dict[str, Any] = {}
+        settings_file = folder / SETTINGS_FILE
+        if settings_file.is_file():
+            values |= _checked(_read_yaml(settings_file), f"model {name!r}: {SETTINGS_FILE}")
+        if overrides:
+            values |= _checked(overrides, f"model {name!r}: the load's config")
+        own = with_overrides(settings, values, f"model {name!r}") if values else settings
+        return ModelConfig(name, str(folder), own)
+
+
+def config_overrides(text: str) -> dict[str, Any]:
+    """A load's ``parameters.config``: a JSON object of a models-file entry's settings."""
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise NamedSettingsError(f"the load's config is not JSON ({exc})") from None
+    if not isinstance(document, dict):
+        raise NamedSettingsError("the load's config must be a JSON object of settings")
+    return document
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise NamedSettingsError(f"{path.name}: cannot read it ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise NamedSettingsError(f"{path.name}: not valid YAML ({exc})") from None
+
+
+def _checked(document: Any, where: str) -> dict[str, Any]:
+    try:
+        jsonschema.validate(document, MODEL_SETTINGS_SCHEMA)
+    except jsonschema.ValidationError as exc:
+        at = "/".join(str(part) for part in exc.absolute_path) or "the top level"
+        raise NamedSettingsError(f"{where}: at {at}: {exc.message}") from None
+    return dict(document)
