@@ -12,7 +12,10 @@ to the log only.
     │   ├── InvalidBody                 400 invalid_body        (bad UTF-8, bad JSON)
     │   ├── InvalidHeader               400 invalid_header
     │   ├── Unauthorized                401 unauthorized        (with WWW-Authenticate: Bearer)
+    │   ├── Forbidden                   403 forbidden           (a control route, without its key)
     │   ├── NotFound                    404 not_found
+    │   │   ├── ModelNotLoaded          404 model_not_loaded    (in the repository, not serving now)
+    │   │   └── ExtensionOff            404 extension_off       (model control off: none mode)
     │   ├── MethodNotAllowed            405 method_not_allowed
     │   ├── BodyTimeout                 408 body_timeout        (and the connection closed)
     │   ├── PayloadTooLarge             413 payload_too_large
@@ -24,12 +27,14 @@ to the log only.
     │   │   ├── TooManyPredictions      422 too_many_predictions
     │   │   ├── ResponseTooLarge        422 response_too_large
     │   │   └── RequestTooCostly        422 request_too_costly
+    │   ├── ModelLoadFailed             400 model_load_failed   (the old model, if any, still serves)
     │   └── RateLimited                 429 rate_limited        (with Retry-After)
     ├── ServiceUnavailable              503 unavailable         (always with Retry-After)
     │   ├── Overloaded                  503 overloaded
     │   ├── ShuttingDown                503 shutting_down
     │   └── TooManyConnections          503 too_many_connections (before the request is read)
     ├── DeadlineExceeded                504 timeout
+    ├── ModelsMemoryExceeded            507 models_memory_exceeded (nothing was unloaded for it)
     ├── InferenceFailed                 500 inference_failed
     └── InternalError                   500 internal
 
@@ -117,11 +122,48 @@ class Unauthorized(ClientError):
         return {"WWW-Authenticate": challenge + (', error="invalid_token"' if self.invalid_token else "")}
 
 
+class Forbidden(ClientError):
+    """A model control route (load, unload) without the control key, or with control turned off:
+    the API key does not grant it."""
+
+    status = 403
+    kind = "forbidden"
+
+
 class NotFound(ClientError):
-    """No route matches the path."""
+    """No route matches the path, or no model of that name is served."""
 
     status = 404
     kind = "not_found"
+
+
+class ModelNotLoaded(NotFound):
+    """The model is in the repository but not serving now (never loaded, unloaded, or evicted):
+    the message says which, and how to load it."""
+
+    kind = "model_not_loaded"
+
+
+class ExtensionOff(NotFound):
+    """A route of the model repository extension on a server whose models are fixed at start
+    (``--model-control-mode none``): answered as a server without the extension would."""
+
+    kind = "extension_off"
+
+
+class ModelLoadFailed(ClientError):
+    """A load or reload failed (the files, the settings, the probe); a model that served before
+    still serves. The message gives the reason, as the repository index does."""
+
+    kind = "model_load_failed"
+
+
+class ModelsMemoryExceeded(MaskserveError):
+    """A load would pass ``--models-memory`` even after unloading every idle model: nothing was
+    unloaded for it, and the serving models are untouched."""
+
+    status = 507
+    kind = "models_memory_exceeded"
 
 
 class MethodNotAllowed(ClientError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +19,7 @@ from maskserve.config.model_configs import ModelConfig, model_configs
 from maskserve.config.model_configs import check as check_models
 from maskserve.config.settings import Settings
 from maskserve.demo.page import security_headers
-from maskserve.errors import ShuttingDown
+from maskserve.errors import ModelLoadFailed, ShuttingDown
 from maskserve.http.agent import agent_context
 from maskserve.http.routes import ROUTES, Route, setup_routes
 from maskserve.middleware import chain
@@ -27,9 +28,10 @@ from maskserve.middleware.slow_clients import connections_middleware
 from maskserve.model_api import FillMaskModel, ModelSpec
 from maskserve.request.keys import SERVICE_KEY
 from maskserve.service.health import ready
-from maskserve.service.registry import FillMaskService, Loaded, ModelParts
-from maskserve.serving.admission import Admission
-from maskserve.serving.batcher import Batcher
+from maskserve.service.model_control import ModelControl
+from maskserve.service.model_parts import start_model
+from maskserve.service.registry import FillMaskService, Loaded
+from maskserve.serving.memory import IdleTrimmer, models_memory_budget, release_freed_memory, resident_growth
 from maskserve.serving.scheduler import Scheduler
 
 if TYPE_CHECKING:
@@ -62,22 +64,34 @@ def model_spec(config: ModelConfig) -> ModelSpec:
     )
 
 
-def load_models(configs: Sequence[ModelConfig]) -> dict[str, FillMaskModel]:
-    """Load every model, in order, by name. Imported lazily: the HTTP side never imports torch.
-
-    With several models, a refusal names the model it is about; it stops the start either way.
-    """
+def load_engine(config: ModelConfig, *, alone: bool = False) -> FillMaskModel:
+    """Load one model. Imported lazily: the HTTP side never imports torch. A model that cannot be
+    served as asked raises the engine's refusal; its message names the model unless it is the
+    server's only one (``alone``), whose refusal reads as before there were several."""
     from maskserve.engine import BackendUnavailable, ModelLoadError, load
 
-    models: dict[str, FillMaskModel] = {}
-    for config in configs:
-        try:
-            models[config.name] = load(model_spec(config))
-        except (ModelLoadError, BackendUnavailable) as exc:
-            if len(configs) == 1:
-                raise
-            raise type(exc)(f"model {config.name!r}: {exc}") from exc
-    return models
+    try:
+        return load(model_spec(config))
+    except (ModelLoadError, BackendUnavailable) as exc:
+        if alone:
+            raise
+        raise type(exc)(f"model {config.name!r}: {exc}") from exc
+
+
+def load_models(configs: Sequence[ModelConfig]) -> dict[str, FillMaskModel]:
+    """Load every model, in order, by name; a refusal stops the start."""
+    return {config.name: load_engine(config, alone=len(configs) == 1) for config in configs}
+
+
+def load_served_engine(config: ModelConfig) -> FillMaskModel:
+    """Load one model while serving (the model repository's loads): an engine's refusal becomes
+    the load's failure, with its reason for the repository index."""
+    from maskserve.engine import BackendUnavailable, ModelLoadError
+
+    try:
+        return load_engine(config)
+    except (ModelLoadError, BackendUnavailable) as exc:
+        raise ModelLoadFailed(str(exc)) from exc
 
 
 def load_model(settings: Settings) -> FillMaskModel:
@@ -107,37 +121,41 @@ def inference_context(
         executor = thread or inference_thread()
         loop = asyncio.get_running_loop()
         configs = [served.config for served in service.models.values()]
-        loaded = dict(engines) if engines is not None else await loop.run_in_executor(executor, load_models, configs)
+        # Each model's resident size, measured as it loads (unknown for engines handed in).
+        sizes: dict[str, int | None] = dict.fromkeys(service.models)
+        if engines is None:
+            loaded: dict[str, FillMaskModel] = {}
+            for config in configs:
+                one = functools.partial(load_engine, config, alone=len(configs) == 1)
+                loaded[config.name], sizes[config.name] = await loop.run_in_executor(executor, resident_growth, one)
+        else:
+            loaded = dict(engines)
         scheduler = Scheduler(executor)
         # One thread, so that tokenizing long texts takes at most one core from the models.
         tokenizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="maskserve-tokenizer")
-        models: dict[str, ModelParts] = {}
         for served in service.models.values():
-            batcher = Batcher(loaded[served.name], executor, served.settings, scheduler=scheduler, name=served.name)
-            if served.settings.warmup:
-                # Before the port opens and before the metrics look: its passes are no one's requests.
-                seconds = await batcher.warm_up(served.settings.max_top_k)
-                log.info(
-                    "%s warmed up in %.2fs: the longest batch its limits admit would take about %.1fs here; "
-                    "stall budget %.1fs",
-                    served.name,
-                    seconds,
-                    batcher.forecast.calibrated_longest_s,
-                    batcher.forecast.stall_budget(served.settings.stall_timeout),
-                )
-            parts = ModelParts(loaded[served.name], batcher, Admission(batcher), tokenizer)
-            served.parts = models[served.name] = parts
+            await start_model(service, served, loaded[served.name], scheduler, tokenizer)
         task = asyncio.create_task(scheduler.run(), name="maskserve-batch-loop")
-        service.loaded = Loaded(models, scheduler, task)
-        for name, parts in models.items():
-            service.metrics.attach(parts.batcher, parts.admission, name)
+        service.loaded = Loaded(scheduler, task)
+        control = service.control = ModelControl(
+            service, scheduler, tokenizer, load_served_engine, budget_bytes=models_memory_budget(service.settings)
+        )
+        for name, size in sizes.items():
+            control.started(name, size)
+        service.metrics.watch_models(control.models_state)
         service.metrics.watch_readiness(lambda: ready(service).ok)
+        # What loading and warming up freed goes back to the system now, and what traffic frees
+        # once the forward passes stop for a while (serving/memory.py says why not sooner).
+        await loop.run_in_executor(None, release_freed_memory)
+        trimmer = asyncio.create_task(IdleTrimmer(lambda: scheduler.batches_run).run(), name="maskserve-idle-trim")
         try:
             yield
         finally:
             scheduler.close()
-            for parts in models.values():
-                parts.batcher.fail_pending(ShuttingDown("the server stopped before this request ran"))
+            trimmer.cancel()
+            await control.close()
+            for lane in scheduler.lanes:
+                lane.fail_pending(ShuttingDown("the server stopped before this request ran"))
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task

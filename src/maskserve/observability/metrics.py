@@ -135,6 +135,14 @@ class Metrics:
             ["model"],
             registry=registry,
         )
+        self.model_changes = Counter(
+            "maskserve_model_changes",
+            "Models loaded and unloaded while serving, by model, action (load, reload, unload), why "
+            "(request: the load or unload route; on_demand: a request to a model not loaded; "
+            "eviction: to fit --models-memory) and result (ok, failed, refused).",
+            ["model", "action", "reason", "result"],
+            registry=registry,
+        )
         self._state = _ServingState()
         registry.register(self._state)
         # The process's own figures (start time, CPU, memory, open files), on this app's registry:
@@ -168,6 +176,36 @@ class Metrics:
                 "maskserve_version": __version__,
             }
         )
+
+    def detach(self, batcher: Batcher, model_name: str, *, series: bool = True) -> None:
+        """Stop exporting an unloaded model's state; with ``series``, every series labelled with its
+        name goes too (not after a reload, whose new model carries them on)."""
+        self._state.lanes = [lane for lane in self._state.lanes if lane.batcher is not batcher]
+        if series:
+            for metric in self._per_model:
+                metric.remove_by_labels({"model": model_name})
+
+    @property
+    def _per_model(self) -> tuple[Counter | Histogram | Info, ...]:
+        """Every series family with a ``model`` label that the batchers and requests feed."""
+        return (
+            self.requests,
+            self.request_seconds,
+            self.queue_wait_seconds,
+            self.inference_seconds,
+            self.batch_size,
+            self.batch_padded_tokens,
+            self.batch_padding_ratio,
+            self.text_windows,
+            self.busy_seconds,
+            self.failed_texts,
+            self.model_info,
+        )
+
+    def watch_models(self, states: Callable[[], ModelsState]) -> None:
+        """Export the model repository's figures (models by state, each model's memory, the budget),
+        read from its owner at scrape time."""
+        self._state.models = states
 
     def watch_readiness(self, ready: Callable[[], bool]) -> None:
         """Export ``maskserve_ready`` from the readiness probe's own verdict, handed down by the layer
@@ -260,8 +298,11 @@ class _ServingState(Collector):
     def __init__(self) -> None:
         self.lanes: list[_Lane] = []
         self.ready: Callable[[], bool] | None = None
+        self.models: Callable[[], ModelsState] | None = None
 
     def collect(self) -> Iterator[Metric]:
+        if self.models is not None:
+            yield from _models_families(self.models())
         lanes = self.lanes
         if not lanes:  # the models are not loaded yet
             return
@@ -320,6 +361,42 @@ class _ServingState(Collector):
                 yield family
 
 
+@dataclass(frozen=True)
+class ModelsState:
+    """The model repository's figures at one moment."""
+
+    states: dict[str, str]  # model name: READY, LOADING, UNLOADING or UNAVAILABLE
+    memory_bytes: dict[str, int]  # each loaded model's resident size, measured at its load
+    budget_bytes: int | None  # --models-memory, resolved; None without a budget
+
+
+# Every state a repository model can be in, each exported (at 0 when no model is in it).
+MODEL_STATES = ("READY", "LOADING", "UNLOADING", "UNAVAILABLE")
+
+
+def _models_families(state: ModelsState) -> Iterator[Metric]:
+    by_state = GaugeMetricFamily(
+        "maskserve_models", "Models of the repository (and those named at start) by state.", labels=["state"]
+    )
+    for name in MODEL_STATES:
+        by_state.add_metric([name], sum(1 for held in state.states.values() if held == name))
+    yield by_state
+    memory = GaugeMetricFamily(
+        "maskserve_model_memory_bytes",
+        "Resident memory each loaded model took, measured at its load (what --models-memory counts).",
+        labels=["model"],
+    )
+    for model, size in sorted(state.memory_bytes.items()):
+        memory.add_metric([model], size)
+    yield memory
+    if state.budget_bytes is not None:
+        yield GaugeMetricFamily(
+            "maskserve_models_memory_budget_bytes",
+            "The most resident memory the loaded models may hold together (--models-memory).",
+            value=state.budget_bytes,
+        )
+
+
 class _ConnectionState(Collector):
     """The client connections, read from the connection guard when scraped."""
 
@@ -357,6 +434,11 @@ class Peers(Protocol):
     async def expositions(self) -> list[tuple[str, bytes]]:
         """(worker, its own exposition) of every other live worker; a worker that does not
         answer in time is left out."""
+        ...
+
+    async def forward(self, path: str, body: bytes, headers: dict[str, str]) -> list[tuple[str, int, bytes]]:
+        """POST ``body`` to ``path`` on every other worker: (worker, status, body) of each; status 0
+        for a worker that did not answer."""
         ...
 
 

@@ -47,6 +47,22 @@ def served_model(request: web.Request, name: str | None = None) -> ServedModel:
     return served
 
 
+async def model_for_work(request: web.Request) -> ServedModel:
+    """:func:`served_model` for a request that queues work: with on-demand control, a model of the
+    repository that is not loaded is loaded first, within the request's deadline."""
+    state = state_of(request)
+    if state.served is not None:
+        return state.served
+    service = service_of(request.app)
+    name = next((request.match_info[key] for key in MODEL_SEGMENTS if key in request.match_info), None)
+    control = service.control
+    if control is not None and control.mode == "on-demand":
+        wanted = service.default_name if name is None else name
+        if wanted not in service.models and control.knows(wanted):
+            await control.ensure(wanted, request_deadline(request))
+    return served_model(request, name)
+
+
 def admit_at_door(request: web.Request, served: ServedModel | None = None) -> None:
     """Admission before the body is read; the deadline is fixed here, so reading the body counts."""
     (served or served_model(request)).at_door(request_deadline(request))
@@ -111,14 +127,15 @@ async def run_recorded(
 
     Reading and planning are the request's ``maskserve.parse`` step: the surface's mistakes and the
     texts' are found there, before any work is queued."""
-    with state.trace.step("maskserve.parse"):
-        asked = await read()
-        plan = await served.plan(task, asked)
-    if state.deadline is None:
-        raise RuntimeError("a request runs only once its deadline is fixed; this is a bug")
-    rows = state.answers = await served.answer(plan.queries, state.deadline, state.trace)
-    state.windows = plan.windows
-    return Ran(asked, await served.fold(task, plan, rows), rows, plan.windows)
+    with served.in_use():
+        with state.trace.step("maskserve.parse"):
+            asked = await read()
+            plan = await served.plan(task, asked)
+        if state.deadline is None:
+            raise RuntimeError("a request runs only once its deadline is fixed; this is a bug")
+        rows = state.answers = await served.answer(plan.queries, state.deadline, state.trace)
+        state.windows = plan.windows
+        return Ran(asked, await served.fold(task, plan, rows), rows, plan.windows)
 
 
 def timing_headers(answers: Sequence[Answer]) -> dict[str, str]:

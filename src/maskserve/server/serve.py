@@ -167,8 +167,7 @@ async def serve(
         for site in sites:
             await site.start()
         signals.install()
-        loaded = service_of(app).loaded
-        served = ", ".join(loaded.models) if loaded else ""
+        served = ", ".join(service_of(app).models)
         log.info("serving %s on %s", served, ", ".join(site.name for site in sites))
         await signals.stop.wait()
         log.info("closing the listener")

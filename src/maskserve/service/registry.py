@@ -13,15 +13,16 @@ HTTP here: the handlers, the stages and the probes sit above it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from maskserve.config.model_configs import ModelConfig, model_configs
 from maskserve.config.settings import Settings
-from maskserve.errors import NotFound
+from maskserve.errors import ModelNotLoaded, NotFound
 from maskserve.model_api import FillMaskModel, Query
 from maskserve.observability.metrics import Metrics, Peers
 from maskserve.observability.request_trace import RequestTrace
@@ -37,6 +38,13 @@ from maskserve.tasks.fill_mask_request import RequestParser
 from maskserve.tasks.score import Score
 from maskserve.tasks.score_request import ScoreRequestParser
 from maskserve.tasks.task import AnswerT, PlanT, RequestT, Task
+
+if TYPE_CHECKING:
+    from maskserve.service.model_control import ModelControl
+
+# The one version of each model this server serves: model metadata and the repository index list
+# it, and a request may name it.
+MODEL_VERSION = "1"
 
 # Texts up to this many characters in all are tokenized on the event loop: a hop to the tokenizer
 # thread costs more than they do. Longer ones go to that thread, where the tokenizer releases the
@@ -76,6 +84,8 @@ class RouteRoles:
     # The demo page's forms: they queue work for the model as well, but ask admission themselves to
     # show a refusal inline, so the circuit-breaking stage leaves them to it.
     forms: frozenset[str] = frozenset()
+    # Route names that change which models serve: they need the control key, not the API key.
+    control: frozenset[str] = frozenset()
     # Every route, in the table's order, with its documented operation.
     operations: tuple[RouteOperation, ...] = ()
     # The gRPC methods that queue work for the model (the metrics' route label for a call is its
@@ -105,8 +115,6 @@ class ModelParts:
 class Loaded:
     """What exists once every model is loaded, for as long as the app runs."""
 
-    # By name, the default model first.
-    models: dict[str, ModelParts]
     # The one inference thread's owner, which picks the model whose batch runs next.
     scheduler: Scheduler
     # The batch loop's task, so /livez can tell when it died.
@@ -130,6 +138,15 @@ class ServedModel:
         self.fill_mask = FillMask(self.parser)
         self.score = Score(self.score_parser)
         self.parts: ModelParts | None = None
+        # Requests of this model between their parse and their answer, and when the last began:
+        # an unload waits for them (they were accepted), and eviction picks the least recently used.
+        self.active = 0
+        self.last_used = time.monotonic()
+        self.quiet = asyncio.Event()
+        self.quiet.set()
+        # Set once an unload has released this model: a request that resolved it just before can
+        # no longer run, and is told so (404) rather than failing.
+        self.released = False
 
     @property
     def loaded(self) -> ModelParts:
@@ -137,6 +154,21 @@ class ServedModel:
             # Handlers run only once the app has started, and it starts by loading every model.
             raise RuntimeError(f"model {self.name!r} is not loaded yet; this is a bug")
         return self.parts
+
+    @contextlib.contextmanager
+    def in_use(self) -> Iterator[None]:
+        """One request of this model, from its parse to its answer (an unload waits for it)."""
+        if self.released:
+            raise ModelNotLoaded(f"model {self.name!r} was unloaded before this request ran")
+        self.active += 1
+        self.last_used = time.monotonic()
+        self.quiet.clear()
+        try:
+            yield
+        finally:
+            self.active -= 1
+            if not self.active:
+                self.quiet.set()
 
     def at_door(self, deadline: float) -> None:
         """Admission at the door, before the body is read: every route that queues work asks this."""
@@ -182,8 +214,17 @@ class FillMaskService:
         self.metrics = Metrics()
         # Every model served, by the name clients use; the first is the default.
         self.models: dict[str, ServedModel] = {config.name: ServedModel(config) for config in model_configs(settings)}
+        # The first named at start: the model POST / and POST /score serve, even once it is unloaded
+        # (they then answer 404, or load it on demand) rather than another model in its place.
+        self.default_name = next(iter(self.models))
         # Set by the route table (http/routes.py).
         self.routes = RouteRoles()
+        # Called with each model once it is started, at start-up or loaded while serving (the
+        # tracing stage observes its batches).
+        self.model_listeners: list[Callable[[ServedModel], None]] = []
+        # The model repository extension: loads, unloads, states and the memory budget (set with
+        # the models, in http/app.py's inference context).
+        self.control: ModelControl | None = None
         # With --workers: the other worker processes, so that /metrics reports the whole server.
         self.peers: Peers | None = None
         # None until the model is loaded (see http/app.py's inference_context).
@@ -200,18 +241,26 @@ class FillMaskService:
 
     @property
     def default(self) -> ServedModel:
-        """The default model: the first named, which ``POST /`` and ``POST /score`` serve."""
-        return next(iter(self.models.values()))
+        """The model the page and ``/info`` show first: the default model (``POST /``'s), or while it
+        is unloaded the first model serving; a 404 when none is."""
+        served = self.models.get(self.default_name) or next(iter(self.models.values()), None)
+        return served if served is not None else self.served(self.default_name)
 
     def served(self, name: str | None = None) -> ServedModel:
-        """The model named ``name`` (the default for None); a 404 naming every served model otherwise."""
-        if name is None:
-            return self.default
+        """The model named ``name`` (the default model for None); a 404 naming every served model
+        otherwise, or saying why a known model is not loaded now."""
+        name = self.default_name if name is None else name
         served = self.models.get(name)
         if served is None:
-            names = ", ".join(repr(known) for known in self.models)
-            raise NotFound(f"no model named {name!r} here; this server serves {names}")
+            if self.control is not None and self.control.knows(name):
+                raise self.control.not_loaded(name)
+            raise self.unknown(name)
         return served
+
+    def unknown(self, name: str) -> NotFound:
+        """The 404 for a name no model of this server has, naming the models it serves."""
+        names = ", ".join(repr(known) for known in self.models) or "none now"
+        return NotFound(f"no model named {name!r} here; this server serves {names}")
 
     @property
     def scheduler(self) -> Scheduler:

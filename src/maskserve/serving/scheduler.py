@@ -86,8 +86,16 @@ class Scheduler:
         self._virtual = 0.0
 
     def add(self, lane: Lane) -> None:
+        """A model loaded (at start or while serving): it joins at the accounts' "now", so it gets
+        no credit for the time before it existed."""
         self.lanes.append(lane)
-        self._account[id(lane)] = 0.0
+        self._account[id(lane)] = self._virtual
+
+    def remove(self, lane: Lane) -> None:
+        """A model unloaded, its queue empty and no batch of it in flight (the caller waits for both)."""
+        self.lanes.remove(lane)
+        self._account.pop(id(lane), None)
+        self._backlogged.discard(id(lane))
 
     # -- what every lane reads -------------------------------------------------------------------
 
