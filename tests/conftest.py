@@ -46,6 +46,19 @@ def bert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_bert(tmp_path_factory.mktemp("bert"))
 
 
+# The model repository the repository tests serve: three tiny BERTs (each answers differently).
+REPOSITORY_MODELS = ("alpha", "beta", "gamma")
+CONTROL_KEY = "control-key-0123456789"
+
+
+@pytest.fixture(scope="session")
+def model_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("repository")
+    for seed, name in enumerate(REPOSITORY_MODELS):
+        build_bert(root / name, seed=seed)
+    return root
+
+
 @pytest.fixture(scope="session")
 def roberta_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_roberta(tmp_path_factory.mktemp("roberta"))

@@ -23,7 +23,7 @@ from maskserve.api.health import probe_response
 from maskserve.request.deadlines import request_deadline
 from maskserve.request.keys import service_of, state_of
 from maskserve.request.oip_model import check_version, infer_parser, model_metadata_of, run_infer, server_metadata_of
-from maskserve.request.run_task import read_body, served_model, timing_headers, windows_header
+from maskserve.request.run_task import model_for_work, read_body, served_model, timing_headers, windows_header
 from maskserve.service.health import live, ready
 from maskserve.service.registry import ServedModel
 from maskserve.tasks.oip_tensors import HEADER_LENGTH, infer_response
@@ -43,7 +43,7 @@ def _served_model(request: web.Request) -> tuple[ServedModel, str | None]:
 
 async def server_metadata(request: web.Request) -> web.Response:
     """``GET /v2`` and ``GET /v2/``: who serves, and which protocol extensions."""
-    return web.json_response(server_metadata_of())
+    return web.json_response(server_metadata_of(service_of(request.app)))
 
 
 async def server_live(request: web.Request) -> web.Response:
@@ -68,7 +68,9 @@ async def model_metadata(request: web.Request) -> web.Response:
 async def infer(request: web.Request) -> web.Response:
     """``POST /v2/models/{model}/infer``: texts in, each text's predictions (or scores) out, as
     ``POST /`` (or ``POST /score``) would answer."""
-    served, version = _served_model(request)
+    served = await model_for_work(request)
+    version = request.match_info.get("version")
+    check_version(served, version)
     request_deadline(request)
     envelope = infer_parser(served).parse(await read_body(request), request.headers.get(HEADER_LENGTH))
     inferred = await run_infer(state_of(request), served, envelope)

@@ -18,6 +18,7 @@ from aiohttp import web
 from maskserve import __version__
 from maskserve.api.openapi_components import (
     JSON,
+    REQUEST_ID,
     Schema,
     component_schemas,
     error,
@@ -35,8 +36,9 @@ from maskserve.api.operations import (
     probe_operation,
 )
 from maskserve.config.settings import Settings
+from maskserve.middleware.error_sanitizer import REQUEST_ID_HEADER
 from maskserve.request.keys import service_of
-from maskserve.service.registry import RouteRoles
+from maskserve.service.registry import Describe, RouteRoles
 
 OPENAPI_VERSION = "3.1.0"
 INDEX_DOC = fixed(
@@ -124,6 +126,64 @@ OIP_MODEL_METADATA_DOC = fixed(
 )
 OIP_MODEL_READY_DOC = fixed(oip_probe_operation("Open Inference Protocol: model ready", per_model=True))
 
+REPOSITORY_INDEX_DOC = fixed(
+    {
+        "summary": "Model repository: every model, its version, state and reason",
+        "description": "Triton's repository extension. 404 with --model-control-mode none (the extension is off).",
+        "tags": ["model repository"],
+        "requestBody": {
+            "required": False,
+            "content": {JSON: {"schema": {"type": "object", "properties": {"ready": {"type": "boolean"}}}}},
+        },
+        "responses": {
+            "200": ok("The models.", JSON, {"type": "array", "items": ref("RepositoryModel")}),
+            "400": error("The body is not JSON."),
+            "404": error("The extension is off (--model-control-mode none)."),
+            "422": error("A member of the body has the wrong type."),
+        },
+    }
+)
+
+
+def _change_doc(summary: str, description: str, responses: dict[str, Schema]) -> Describe:
+    return fixed(
+        {
+            "summary": summary,
+            "description": description
+            + " Needs the control key (--control-key) as `Authorization: Bearer`; the API key does not grant it.",
+            "tags": ["model repository"],
+            "parameters": [MODEL_PARAMETER],
+            "security": [{"control": []}],
+            "requestBody": {
+                "required": False,
+                "content": {JSON: {"schema": {"type": "object", "properties": {"parameters": {"type": "object"}}}}},
+            },
+            "responses": {
+                "200": {"description": "Done.", "headers": {REQUEST_ID_HEADER: REQUEST_ID}},
+                "401": error("No control key.", ("WWW-Authenticate", header("The Bearer challenge.", required=True))),
+                "403": error("Not the control key, or control is off (no --control-key)."),
+                "404": error("No such model in the repository, or the extension is off (--model-control-mode none)."),
+                "422": error("A member of the body is not usable."),
+                **responses,
+            },
+        }
+    )
+
+
+REPOSITORY_LOAD_DOC = _change_doc(
+    "Model repository: load or reload a model",
+    "Answers once the model serves. `parameters.config`: a JSON object (as a string) of the model's own settings.",
+    {
+        "400": error("The body is not JSON, or the load failed (the reason says why; a model that served still does)."),
+        "507": error("The load would pass --models-memory even with every idle model unloaded."),
+    },
+)
+REPOSITORY_UNLOAD_DOC = _change_doc(
+    "Model repository: unload a model",
+    "Answers once what it accepted is answered and its memory is released.",
+    {"400": error("The body is not JSON.")},
+)
+
 
 def openapi_document(settings: Settings, roles: RouteRoles, mask_token: str = "[MASK]") -> dict[str, Any]:
     """The OpenAPI 3.1 document of the route table's operations (``roles.operations``, handed down
@@ -132,7 +192,7 @@ def openapi_document(settings: Settings, roles: RouteRoles, mask_token: str = "[
     for route in roles.operations:
         # Each its own copy: operations that share a description still get their own id.
         operation = {**route.describe(settings, mask_token), "operationId": route.name}
-        if settings.api_key and route.name not in roles.public:
+        if settings.api_key and route.name not in roles.public | roles.control:
             operation["security"] = [{"bearer": []}]
             operation["responses"] = operation["responses"] | {
                 "401": error(
@@ -157,16 +217,17 @@ def openapi_document(settings: Settings, roles: RouteRoles, mask_token: str = "[
         "paths": paths,
         "components": {"schemas": component_schemas(settings)},
     }
+    schemes = document["components"]["securitySchemes"] = {
+        "control": {"type": "http", "scheme": "bearer", "description": "One of the keys of --control-key."}
+    }
     if settings.api_key:
-        document["components"]["securitySchemes"] = {
-            "bearer": {"type": "http", "scheme": "bearer", "description": "One of the keys of --api-key."}
-        }
+        schemes["bearer"] = {"type": "http", "scheme": "bearer", "description": "One of the keys of --api-key."}
     return document
 
 
 async def openapi(request: web.Request) -> web.Response:
     """``GET /openapi.json``: the document, with this server's limits and its model's mask token."""
     service = service_of(request.app)
-    default = service.default.parts
-    mask_token = default.model.mask_token if default is not None else "[MASK]"
+    default = service.models.get(service.default_name) or next(iter(service.models.values()), None)
+    mask_token = default.parts.model.mask_token if default is not None and default.parts is not None else "[MASK]"
     return web.json_response(openapi_document(service.settings, service.routes, mask_token))

@@ -199,6 +199,17 @@ def component_schemas(settings: Settings) -> dict[str, Schema]:
                 "parameters": {"type": "object"},
             },
         },
+        "RepositoryModel": {
+            "type": "object",
+            "required": ["name", "version", "state"],
+            "properties": {
+                "name": {"type": "string"},
+                "version": {"type": "string"},
+                "state": {"type": "string", "enum": ["READY", "LOADING", "UNLOADING", "UNAVAILABLE"]},
+                "reason": {"type": "string"},
+                "memory_bytes": {"type": "integer", "description": "Resident memory measured at its last load."},
+            },
+        },
         "TensorMetadata": {
             "type": "object",
             "required": ["name", "datatype", "shape"],

@@ -11,10 +11,10 @@ from maskserve.errors import ResponseTooLarge
 from maskserve.observability.metrics import merge_expositions
 from maskserve.request.keys import service_of
 from maskserve.request.run_task import (
+    model_for_work,
     read_body,
     request_media_type,
     run_task,
-    served_model,
     timing_headers,
     windows_header,
 )
@@ -41,7 +41,7 @@ async def fill_mask(request: web.Request) -> web.Response:
     """``POST /`` (the default model) and ``POST /models/{name}``: raw text or the Inference API's
     JSON in, the pipeline's JSON out. The circuit-breaking stage has admitted it at the door; the
     service admits it again on its cost."""
-    served = served_model(request)
+    served = await model_for_work(request)
 
     async def read() -> FillMaskRequest:
         return served.parser.parse(await read_body(request), request_media_type(request))
@@ -52,7 +52,7 @@ async def fill_mask(request: web.Request) -> web.Response:
 async def score(request: web.Request) -> web.Response:
     """``POST /score`` and ``POST /models/{name}/score``: each text's pseudo-log-likelihood. Its masked
     copies are fill-mask queries, admitted on their whole cost and batched with every other text."""
-    served = served_model(request)
+    served = await model_for_work(request)
 
     async def read() -> ScoreRequest:
         return served.score_parser.parse(await read_body(request), request_media_type(request))

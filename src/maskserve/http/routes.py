@@ -14,7 +14,7 @@ from typing import Literal
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from maskserve.api import health, info, oip, openapi, operations, views
+from maskserve.api import health, info, oip, openapi, operations, repository, views
 from maskserve.api.operations import for_model, versioned
 from maskserve.demo import page, score_form
 from maskserve.request.keys import service_of
@@ -28,7 +28,9 @@ from maskserve.service.registry import Describe, RouteOperation, RouteRoles
 #   inline; the alert rules and the dashboard count them with the above.
 # - public: open without an API key: probes (they cannot be expected to hold secrets) and the demo
 #   page's GETs, which run nothing. Unknown paths need the key, so the routes cannot be mapped.
-Role = Literal["inference", "form", "public"]
+# - control: loads and unloads models; needs the control key instead of the API key (checked by
+#   its handler, so no middleware specification can leave it open).
+Role = Literal["inference", "form", "public", "control"]
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,29 @@ ROUTES: tuple[Route, ...] = (
 )
 
 
+# The model repository extension (Triton's, over REST): 404 unless --model-control-mode allows it.
+REPOSITORY_ROUTES: tuple[Route, ...] = (
+    Route("POST", "/v2/repository/index", "repository_index", repository.index, openapi.REPOSITORY_INDEX_DOC),
+    Route(
+        "POST",
+        "/v2/repository/models/{model}/load",
+        "repository_load",
+        repository.load,
+        openapi.REPOSITORY_LOAD_DOC,
+        "control",
+    ),
+    Route(
+        "POST",
+        "/v2/repository/models/{model}/unload",
+        "repository_unload",
+        repository.unload,
+        openapi.REPOSITORY_UNLOAD_DOC,
+        "control",
+    ),
+)
+ROUTES += REPOSITORY_ROUTES
+
+
 def route_roles(routes: Sequence[Route]) -> RouteRoles:
     """What ``routes`` say of themselves, for the stages that treat some apart and for OpenAPI."""
 
@@ -138,6 +163,7 @@ def route_roles(routes: Sequence[Route]) -> RouteRoles:
         inference=named("inference"),
         forms=named("form"),
         public=named("public"),
+        control=named("control"),
         operations=tuple(route.operation() for route in routes),
         calls=INFERENCE_METHODS,
     )

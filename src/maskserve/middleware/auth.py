@@ -6,7 +6,8 @@ page's ``GET /`` with its static files and the ``GET /demo`` redirect (they run 
 Everything else needs ``Authorization: Bearer <key>``: ``POST /`` and the page's ``POST /demo``,
 ``/info`` and ``/metrics`` (they describe the deployment), and unknown paths, so that a caller
 without the key cannot even map the routes. A missing or wrong key answers 401 ``unauthorized``
-with ``WWW-Authenticate: Bearer``.
+with ``WWW-Authenticate: Bearer``. The model repository's load and unload routes need the
+control key instead (``--control-key``), which their handler checks.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Sequence
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler, Middleware
 
-from maskserve.errors import Unauthorized
+from maskserve.errors import Forbidden, Unauthorized
 from maskserve.request.keys import service_of
 
 
@@ -49,6 +50,18 @@ def key_matches(given: bytes, keys: Sequence[bytes]) -> bool:
     return matched
 
 
+def check_control_key(control_key: str | None, given: bytes | None) -> None:
+    """The model control routes' and RPCs' key, and only it: 401 without a key, 403 with another
+    (the API key too), 403 when the server has no control key at all."""
+    keys = parse_api_keys(control_key)
+    if not keys:
+        raise Forbidden("model control is off here: start the server with --control-key to load and unload models")
+    if given is None:
+        raise Unauthorized("loading and unloading models needs the control key: send Authorization: Bearer <key>")
+    if not key_matches(given, tuple(key.encode("utf-8") for key in keys)):
+        raise Forbidden("this key does not grant model control (the API key does not: send the control key)")
+
+
 def auth_middleware(api_keys: Sequence[str]) -> Middleware:
     """A middleware refusing, with 401, requests to protected routes without one of ``api_keys``."""
     if not api_keys:
@@ -57,7 +70,10 @@ def auth_middleware(api_keys: Sequence[str]) -> Middleware:
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.match_info.route.name in service_of(request.app).routes.public:
+        routes = service_of(request.app).routes
+        name = request.match_info.route.name
+        # Control routes check the control key themselves (the API key does not grant them).
+        if name in routes.public or name in routes.control:
             return await handler(request)
         given = presented_key(request)
         if given is None:

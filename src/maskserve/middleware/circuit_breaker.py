@@ -12,11 +12,12 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from maskserve.request.keys import service_of
-from maskserve.request.run_task import admit_at_door
+from maskserve.request.run_task import admit_at_door, model_for_work
 
 
 @web.middleware
 async def circuit_breaker_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     if request.match_info.route.name in service_of(request.app).routes.inference:
-        admit_at_door(request)
+        # The model first: with on-demand control, one not loaded yet loads here, in the deadline.
+        admit_at_door(request, await model_for_work(request))
     return await handler(request)

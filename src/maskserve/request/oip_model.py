@@ -16,22 +16,24 @@ from maskserve.errors import NotFound
 from maskserve.model_api import describe_model
 from maskserve.request.run_task import run_recorded
 from maskserve.request.state import RequestState
-from maskserve.service.registry import ServedModel
+from maskserve.service.registry import MODEL_VERSION, FillMaskService, ServedModel
 from maskserve.serving.work_queue import Answer
 from maskserve.tasks.fill_mask_request import FillMaskRequest
 from maskserve.tasks.oip_tensors import DATATYPE, INPUT_NAME, OUTPUT_NAMES, InferRequest, InferRequestParser
 from maskserve.tasks.score_request import ScoreRequest, text_score_json
 
-# The one version of each model this server serves: model metadata lists it, and a request may name it.
-MODEL_VERSION = "1"
 # The protocol's platform names for what runs the model (its "Platforms" list has no eager PyTorch).
 PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "openvino": "openvino"}
 
 
-def server_metadata_of() -> dict[str, Any]:
+def server_metadata_of(service: FillMaskService) -> dict[str, Any]:
     """Who serves, and which protocol extensions."""
-    # binary_tensor_data: Triton's binary form of tensors, which tritonclient uses by default.
-    return {"name": "maskserve", "version": __version__, "extensions": ["binary_tensor_data"]}
+    # binary_tensor_data: Triton's binary form of tensors, which tritonclient uses by default;
+    # model_repository: the index, load and unload, while --model-control-mode allows them.
+    extensions = ["binary_tensor_data"]
+    if service.control is not None and service.control.allows_changes:
+        extensions.append("model_repository")
+    return {"name": "maskserve", "version": __version__, "extensions": extensions}
 
 
 def check_version(served: ServedModel, version: str | None) -> None:

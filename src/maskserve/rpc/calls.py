@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar
 import grpc
 
 from maskserve.errors import INTERNAL_MESSAGE, InternalError, MaskserveError, Unauthorized
-from maskserve.middleware.auth import key_matches
+from maskserve.middleware.auth import check_control_key, key_matches
 from maskserve.middleware.error_sanitizer import new_request_id
 from maskserve.request.access_log import write_access_line
 from maskserve.request.run_task import record_error
@@ -59,13 +59,20 @@ class Calls:
     spans: CallSpans | None = None
 
     async def unary(
-        self, method: str, context: Any, body: Callable[[RequestState], Awaitable[T]], *, public: bool = False
+        self,
+        method: str,
+        context: Any,
+        body: Callable[[RequestState], Awaitable[T]],
+        *,
+        public: bool = False,
+        control: bool = False,
     ) -> T:
         """One unary RPC: ``body`` on the call's record; whatever it raises ends the call with the
-        status it stands for (``rpc/status.py``), counted and logged first."""
+        status it stands for (``rpc/status.py``), counted and logged first. A ``control`` call needs
+        the control key instead of the API key (its body checks it: :meth:`check_control`)."""
         metadata = tuple(context.invocation_metadata() or ())
         state = RequestState(id=request_id(metadata))
-        result, error = await self.run(method, context, state, body, metadata, authorize=not public)
+        result, error = await self.run(method, context, state, body, metadata, authorize=not public and not control)
         if error is not None:
             await context.abort(status_code(error), public_message(error, state), trailers(error, state.id))
         context.set_trailing_metadata(((REQUEST_ID_KEY, state.id),))
@@ -113,13 +120,15 @@ class Calls:
         """Nothing when the server has no key or the metadata carries one; else 401's error."""
         if not self.keys:
             return
-        given = next((str(value) for key, value in metadata if key == "authorization"), "")
-        scheme, _, token = given.partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
+        token = bearer_token(metadata)
+        if token is None:
             raise Unauthorized("this server needs an API key: send the metadata authorization: Bearer <key>")
-        if not key_matches(token.encode("utf-8", "surrogateescape"), self.keys):
+        if not key_matches(token, self.keys):
             raise Unauthorized("the API key is not valid", invalid_token=True)
+
+    def check_control(self, metadata: Sequence[tuple[str, Any]]) -> None:
+        """The control key (``--control-key``) in the metadata, as the REST control routes ask it."""
+        check_control_key(self.service.settings.control_key, bearer_token(metadata))
 
     def _deadline(self, context: Any) -> float:
         timeout = self.service.settings.request_timeout
@@ -135,6 +144,16 @@ class Calls:
         if state.answers:
             metrics.observe_answers(state.answers, state.windows, state.model)
         write_access_line(ACCESS_LOG, state, METHOD, f"/{SERVICE}/{method}", status, seconds)
+
+
+def bearer_token(metadata: Sequence[tuple[str, Any]]) -> bytes | None:
+    """The token of the ``authorization: Bearer <token>`` metadata, or None."""
+    given = next((str(value) for key, value in metadata if key == "authorization"), "")
+    scheme, _, token = given.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return None
+    return token.encode("utf-8", "surrogateescape")
 
 
 def public_message(error: MaskserveError, state: RequestState) -> str:

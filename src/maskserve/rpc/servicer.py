@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from maskserve.config.settings import Settings
 from maskserve.middleware.error_sanitizer import new_request_id
+from maskserve.request.model_repository import control_of, entry_json, everywhere, load_overrides, merged_index
 from maskserve.request.oip_model import (
-    MODEL_VERSION,
     check_version,
     infer_parser,
     model_metadata_of,
@@ -31,7 +32,7 @@ from maskserve.rpc.protocol import ModelConfig, ModelStreamInferResponse, method
 from maskserve.rpc.status import REQUEST_ID_KEY, status_code, trailers
 from maskserve.rpc.tensors import infer_response, parse_infer
 from maskserve.service.health import live, ready
-from maskserve.service.registry import ServedModel
+from maskserve.service.registry import MODEL_VERSION, ServedModel
 from maskserve.tasks.oip_tensors import INPUT_NAME, OUTPUT_NAMES
 
 # The RPCs answered without an API key, as their REST routes are: probes hold no secrets.
@@ -80,7 +81,7 @@ class InferenceServicer:
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
         async def answer(state: RequestState) -> Any:
-            return _response("ServerMetadata", **server_metadata_of())
+            return _response("ServerMetadata", **server_metadata_of(self.service))
 
         return await self.calls.unary("ServerMetadata", context, answer)
 
@@ -111,6 +112,57 @@ class InferenceServicer:
 
         return await self.calls.unary("ModelStatistics", context, answer)
 
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+        async def answer(state: RequestState) -> Any:
+            control = control_of(self.service)
+            entries = [entry_json(entry) for entry in control.index(ready_only=request.ready)]
+            if self.service.peers is not None:
+                entries = await merged_index(self.service.peers, entries, request.ready)
+            response = _response("RepositoryIndex")
+            for entry in entries:
+                response.models.add(**{key: entry.get(key, "") for key in ("name", "version", "state", "reason")})
+            return response
+
+        return await self.calls.unary("RepositoryIndex", context, answer)
+
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        async def answer(state: RequestState) -> Any:
+            control = control_of(self.service)
+            metadata = self._check_control(context)
+            parameters = {key: value.WhichOneof("parameter_choice") for key, value in request.parameters.items()}
+            config = request.parameters["config"].string_param if "config" in request.parameters else None
+            overrides = load_overrides({**parameters, **({"config": config} if config is not None else {})})
+            name = request.model_name
+
+            async def here() -> None:
+                await control.load(name, overrides, actor=f"{context.peer()} (request {state.id})")
+
+            body = json.dumps({"parameters": {"config": config}} if config is not None else {}).encode()
+            await everywhere(self.service, f"/v2/repository/models/{name}/load", body, metadata, here)
+            return _response("RepositoryModelLoad")
+
+        return await self.calls.unary("RepositoryModelLoad", context, answer, control=True)
+
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        async def answer(state: RequestState) -> Any:
+            control = control_of(self.service)
+            metadata = self._check_control(context)
+            name = request.model_name
+
+            async def here() -> None:
+                await control.unload(name, actor=f"{context.peer()} (request {state.id})")
+
+            await everywhere(self.service, f"/v2/repository/models/{name}/unload", b"{}", metadata, here)
+            return _response("RepositoryModelUnload")
+
+        return await self.calls.unary("RepositoryModelUnload", context, answer, control=True)
+
+    def _check_control(self, context: Any) -> str | None:
+        """The control key, checked; the call's authorization, for the sibling workers."""
+        metadata = tuple(context.invocation_metadata() or ())
+        self.calls.check_control(metadata)
+        return next((str(value) for key, value in metadata if key == "authorization"), None)
+
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         async def answer(state: RequestState) -> Any:
             return await self._infer(state, request)
@@ -118,6 +170,13 @@ class InferenceServicer:
         return await self.calls.unary("ModelInfer", context, answer)
 
     async def _infer(self, state: RequestState, request: Any) -> Any:
+        control = self.service.control
+        if control is not None and control.mode == "on-demand":
+            # A model of the repository not loaded yet loads here, within the call's deadline.
+            assert state.deadline is not None  # the call fixed it
+            wanted = request.model_name or self.service.default_name
+            if wanted not in self.service.models and control.knows(wanted):
+                await control.ensure(wanted, state.deadline)
         served = self._served(state, request.model_name, request.model_version)
         assert state.deadline is not None  # the call fixed it
         served.at_door(state.deadline)  # the circuit breaker's door, before any parsing

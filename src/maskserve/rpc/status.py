@@ -4,8 +4,11 @@ retry, in gRPC's own ``grpc-retry-pushback-ms``).
 
     InvalidInput and every other ClientError   INVALID_ARGUMENT   (RequestTooCostly too: see below)
     Unauthorized                               UNAUTHENTICATED
+    Forbidden                                  PERMISSION_DENIED  (a control call without its key)
     NotFound                                   NOT_FOUND          (an unknown model or version)
+    ExtensionOff                               UNIMPLEMENTED      (the repository RPCs, control off)
     PayloadTooLarge, RateLimited               RESOURCE_EXHAUSTED
+    ModelsMemoryExceeded                       RESOURCE_EXHAUSTED (a load beyond --models-memory)
     ServiceUnavailable (overloaded, draining)  UNAVAILABLE        with grpc-retry-pushback-ms
     DeadlineExceeded                           DEADLINE_EXCEEDED
     anything else                              INTERNAL           the fixed message and the request id
@@ -24,7 +27,10 @@ import grpc
 from maskserve.errors import (
     ClientError,
     DeadlineExceeded,
+    ExtensionOff,
+    Forbidden,
     MaskserveError,
+    ModelsMemoryExceeded,
     NotFound,
     PayloadTooLarge,
     RateLimited,
@@ -45,6 +51,9 @@ def status_code(error: MaskserveError) -> grpc.StatusCode:
     """The gRPC status that says what ``error`` says over HTTP (the module's table)."""
     for kind, code in (
         (Unauthorized, grpc.StatusCode.UNAUTHENTICATED),
+        (Forbidden, grpc.StatusCode.PERMISSION_DENIED),
+        (ExtensionOff, grpc.StatusCode.UNIMPLEMENTED),
+        (ModelsMemoryExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
         (NotFound, grpc.StatusCode.NOT_FOUND),
         (PayloadTooLarge, grpc.StatusCode.RESOURCE_EXHAUSTED),
         (RateLimited, grpc.StatusCode.RESOURCE_EXHAUSTED),

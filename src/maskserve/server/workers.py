@@ -71,8 +71,7 @@ class WorkerPeers:
         return run_dir / f"worker-{slot}.sock"
 
     async def expositions(self) -> list[tuple[str, bytes]]:
-        siblings = sorted(p for p in self.run_dir.glob("worker-*.sock") if p.stem != f"worker-{self.worker}")
-        parts = await asyncio.gather(*(self._scrape(path) for path in siblings))
+        parts = await asyncio.gather(*(self._scrape(path) for path in self._siblings()))
         return [part for part in parts if part is not None]
 
     async def _scrape(self, path: Path) -> tuple[str, bytes] | None:
@@ -90,6 +89,29 @@ class WorkerPeers:
         except (aiohttp.ClientError, TimeoutError, OSError):
             pass  # a worker starting, draining or dead: its series are missing from this scrape
         return None
+
+    async def forward(self, path: str, body: bytes, headers: dict[str, str]) -> list[tuple[str, int, bytes]]:
+        siblings = self._siblings()
+        return list(await asyncio.gather(*(self._post(sibling, path, body, headers) for sibling in siblings)))
+
+    def _siblings(self) -> list[Path]:
+        return sorted(p for p in self.run_dir.glob("worker-*.sock") if p.stem != f"worker-{self.worker}")
+
+    async def _post(self, path: Path, route: str, body: bytes, headers: dict[str, str]) -> tuple[str, int, bytes]:
+        slot = path.stem.removeprefix("worker-")
+        try:
+            async with (
+                aiohttp.ClientSession(
+                    connector=aiohttp.UnixConnector(path=str(path)),
+                    # A load takes as long as its model does: bounded by the request's own deadline
+                    # on the sibling, not here.
+                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=PEER_SCRAPE_TIMEOUT_S),
+                ) as session,
+                session.post(f"http://worker{route}", data=body, headers={**self._headers, **headers}) as reply,
+            ):
+                return slot, reply.status, await reply.read()
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return slot, 0, b""  # a worker starting, draining or dead
 
 
 class MaskserveWorker(Worker):  # type: ignore[misc]

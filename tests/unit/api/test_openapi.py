@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -26,7 +28,7 @@ from maskserve.request.keys import SERVICE_KEY
 from maskserve.tasks.fill_mask_request import request_schema
 from maskserve.tasks.pseudo_likelihood import masked_copies
 from maskserve.tasks.windows import Layout
-from tests.conftest import ClientFactory
+from tests.conftest import CONTROL_KEY, ClientFactory
 from tests.fakes import ControlledModel, default_parts, wait_until_entered
 from tests.paths import TESTS
 
@@ -205,7 +207,7 @@ async def test_with_an_api_key_protected_operations_document_and_answer_401(make
         for method, operation in item.items():
             url = path.replace("{filename}", "demo.css").replace("{model}", "maskserve").replace("{version}", "1")
             response = await client.request(method, url, allow_redirects=False)
-            if "security" in operation:
+            if {"bearer": []} in operation.get("security", []):
                 protected += 1
                 await docs.check(response, 401)
             else:
@@ -233,7 +235,7 @@ async def test_document_carries_the_servers_own_limits_and_request_schema(make_c
 
 
 async def test_every_documented_response_is_produced_and_matches_the_document(
-    make_client: ClientFactory, bert_engine: FillMaskEngine
+    make_client: ClientFactory, bert_engine: FillMaskEngine, model_repository: Path, tmp_path: Path
 ) -> None:
     model = ControlledModel(bert_engine)
     client = await make_client(engine=model, max_queue=2, stall_timeout=0.2, max_body_bytes=4096, body_timeout=0.2)
@@ -396,5 +398,37 @@ async def test_every_documented_response_is_produced_and_matches_the_document(
         await docs.check(await client.post(infer, json=infer_body("no mask")), 422)
         await docs.check(await client.post(infer, json=infer_body(poisoned)), 500)
 
+    await produce_repository_responses(docs, make_client, model_repository, tmp_path)
     missing = docs.documented() - docs.seen
     assert not missing, f"documented but never produced (the document claims too much): {sorted(missing)}"
+
+
+async def produce_repository_responses(
+    docs: Conformance, make_client: ClientFactory, repository: Path, tmp_path: Path
+) -> None:
+    """The model repository's routes: off (--model-control-mode none), then each status they answer."""
+    index, load, unload = "/v2/repository/index", "/v2/repository/models/beta/load", "/v2/repository/models/beta/unload"
+    for path in (index, load, unload):
+        await docs.check(await (await make_client()).post(path), 404)
+    padded = tmp_path / "padded"
+    shutil.copytree(repository, padded)
+    with open(padded / "gamma" / "padding.bin", "wb") as padding:
+        padding.truncate(2**31)
+    client = await make_client(
+        model_repository=str(padded), model_control_mode="explicit", control_key=CONTROL_KEY, models_memory="1GiB"
+    )
+    control = {"Authorization": f"Bearer {CONTROL_KEY}"}
+    json_headers = {"Content-Type": "application/json", **control}
+    await docs.check(await client.post(index), 200)
+    await docs.check(await client.post(index, data=b"{", headers=json_headers), 400)
+    await docs.check(await client.post(index, json={"ready": 1}), 422)
+    for path in (load, unload):
+        await docs.check(await client.post(path), 401)
+        await docs.check(await client.post(path, headers={"Authorization": "Bearer not-the-control-key-000"}), 403)
+        await docs.check(await client.post(path.replace("beta", "nosuch"), headers=control), 404)
+        await docs.check(await client.post(path, data=b"{", headers=json_headers), 400)
+        await docs.check(await client.post(path, json={"parameters": []}, headers=control), 422)
+        await docs.check(await client.post(path, headers=control), 200)
+    (padded / "beta" / "config.json").write_text("{", encoding="utf-8")
+    await docs.check(await client.post(load, headers=control), 400)
+    await docs.check(await client.post(load.replace("beta", "gamma"), headers=control), 507)

@@ -96,9 +96,8 @@ async def test_started_each_model_is_served_by_its_own_engine_and_batcher_on_one
     client: Client = await aiohttp_client(create_app(TWO_MODELS, engines=engines))
     service = client.app[SERVICE_KEY]
     assert service.loaded is not None
-    assert {name: parts.model for name, parts in service.loaded.models.items()} == engines
-    assert service.models["second"].loaded is service.loaded.models["second"]
-    batchers = [parts.batcher for parts in service.loaded.models.values()]
+    assert {name: served.loaded.model for name, served in service.models.items()} == engines
+    batchers = [served.loaded.batcher for served in service.models.values()]
     assert batchers[0] is not batchers[1]
     assert {id(lane) for lane in service.scheduler.lanes} == {id(batcher) for batcher in batchers}
     assert not service.loaded.batch_loop.done()

@@ -8,16 +8,17 @@ import json
 
 import pytest
 
+from maskserve import __version__
 from maskserve.errors import NotFound
 from maskserve.request.keys import SERVICE_KEY
 from maskserve.request.oip_model import (
-    MODEL_VERSION,
     check_version,
     model_metadata_of,
     run_infer,
     server_metadata_of,
 )
 from maskserve.request.state import RequestState
+from maskserve.service.registry import MODEL_VERSION
 from maskserve.tasks.oip_tensors import InferRequestParser
 from tests.conftest import ClientFactory
 
@@ -42,11 +43,15 @@ async def test_the_one_version_is_served_and_any_other_is_404(make_client: Clien
 
 
 async def test_metadata_names_both_outputs_and_the_mask_token(make_client: ClientFactory) -> None:
-    served = (await make_client()).app[SERVICE_KEY].default
-    metadata = model_metadata_of(served)
+    service = (await make_client()).app[SERVICE_KEY]
+    metadata = model_metadata_of(service.default)
     assert [output["name"] for output in metadata["outputs"]] == ["predictions", "scores"]
     assert metadata["parameters"]["mask_token"] == "[MASK]" and metadata["versions"] == ["1"]
-    assert server_metadata_of()["name"] == "maskserve"
+    assert server_metadata_of(service) == {
+        "name": "maskserve",
+        "version": __version__,
+        "extensions": ["binary_tensor_data"],
+    }
 
 
 async def test_infer_runs_the_task_its_output_names(make_client: ClientFactory) -> None:

@@ -316,11 +316,11 @@ async def test_a_call_that_ends_while_queued_never_costs_a_forward_pass(make_grp
 
 async def test_an_unknown_method_is_unimplemented_naming_it(make_grpc: GrpcFactory) -> None:
     app = await make_grpc()
-    call = app.channel.unary_unary("/inference.GRPCInferenceService/RepositoryIndex")
+    call = app.channel.unary_unary("/inference.GRPCInferenceService/SystemSharedMemoryStatus")
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         await call(b"")
     assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert "does not serve /inference.GRPCInferenceService/RepositoryIndex" in (raised.value.details() or "")
+    assert "does not serve /inference.GRPCInferenceService/SystemSharedMemoryStatus" in (raised.value.details() or "")
 
 
 async def test_tritonclient_raises_with_the_servers_message(make_grpc: GrpcFactory) -> None:

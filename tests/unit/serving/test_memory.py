@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from maskserve.config.values import parse_memory_budget
 from maskserve.serving import memory
 from maskserve.serving.memory import (
     IdleTrimmer,
     container_memory_limit,
-    parse_memory_budget,
     release_freed_memory,
     rss_bytes,
 )
