@@ -234,8 +234,11 @@ def _readable(model: torch.nn.Module, special_ids: list[int]) -> None:
         bias[special_ids] = -20.0
 
 
-def build_bert(folder: Path, *, seed: int = 0, with_head: bool = True, subwords: tuple[str, ...] = ()) -> Path:
-    """The tiny BERT; ``subwords`` ("##s") add WordPiece continuations, so some words take several tokens."""
+def build_bert(
+    folder: Path, *, seed: int = 0, with_head: bool = True, subwords: tuple[str, ...] = (), **shape: int
+) -> Path:
+    """The tiny BERT; ``subwords`` ("##s") add WordPiece continuations, so some words take several
+    tokens; ``shape`` (``hidden_size=512``...) makes it larger where a test needs its weights to weigh."""
     folder.mkdir(parents=True, exist_ok=True)
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(WORDS)) + list(subwords)
     vocab_file = folder / "vocab.txt"
@@ -247,12 +250,15 @@ def build_bert(folder: Path, *, seed: int = 0, with_head: bool = True, subwords:
     )
     tokenizer.save_pretrained(folder)
     config = BertConfig(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
+        **{
+            "vocab_size": len(vocab),
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "intermediate_size": 64,
+            "max_position_embeddings": 128,
+            **shape,
+        }
     )
     torch.manual_seed(seed)
     if with_head:

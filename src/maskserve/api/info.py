@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Sequence
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -17,6 +18,7 @@ from maskserve.config.bounds import followed, following
 from maskserve.config.settings import Settings
 from maskserve.model_api import FillMaskModel, describe_model
 from maskserve.request.keys import service_of
+from maskserve.service.registry import FillMaskService
 
 Section = dict[str, str | int | float | bool | None]
 # A served model's section in the "models" list: its own, with its batching and limits nested.
@@ -168,9 +170,30 @@ def server_info(
     }
 
 
+def repository_section(service: FillMaskService) -> dict[str, Any] | None:
+    """How models come and go (--model-control-mode), the memory budget, and every model the
+    server may serve with its state and its measured memory."""
+    control = service.control
+    if control is None:
+        return None
+    return {
+        "control_mode": control.mode,
+        "repository": service.settings.model_repository,
+        "models_memory_bytes": control.budget_bytes,
+        "models": {
+            entry.name: {"state": entry.state, "reason": entry.reason, "memory_bytes": entry.memory_bytes}
+            for entry in control.index()
+        },
+    }
+
+
 async def info(request: web.Request) -> web.Response:
-    """``GET /info``: the served model and the server's configuration, as JSON."""
+    """``GET /info``: the served models and the server's configuration, as JSON."""
     service = service_of(request.app)
     served = [(m.name, m.settings, m.parts.model if m.parts is not None else None) for m in service.models.values()]
     default = service.default
-    return web.json_response(server_info(default.settings, served[0][2], service.middleware, served))
+    document: dict[str, Any] = dict(
+        server_info(default.settings, default.parts.model if default.parts else None, service.middleware, served)
+    )
+    document["model_repository"] = repository_section(service)
+    return web.json_response(document)

@@ -164,14 +164,21 @@ class Scheduler:
                 self.arrived.clear()
                 await self.arrived.wait()
                 continue
-            lane = self.pick(waiting)
-            if len(waiting) == 1:
-                # A batch window only while no other model has work: the thread never idles
-                # for one model's company while another's texts wait.
-                await lane.wait_for_company(loop, alone=functools.partial(self.only_one_waiting, lane))
-            batch = lane.next_batch(loop.time())
-            if batch:
-                seconds = await lane.run_batch(loop, batch)
+            await self._run_next(loop, waiting)
+
+    async def _run_next(self, loop: asyncio.AbstractEventLoop, waiting: Sequence[Lane]) -> None:
+        """One batch of the lane picked next. Its own frame, so the loop keeps no reference to the
+        lane it ran last: an unloaded model's memory must not wait for the next batch to go."""
+        lane = self.pick(waiting)
+        if len(waiting) == 1:
+            # A batch window only while no other model has work: the thread never idles
+            # for one model's company while another's texts wait.
+            await lane.wait_for_company(loop, alone=functools.partial(self.only_one_waiting, lane))
+        batch = lane.next_batch(loop.time())
+        if batch:
+            seconds = await lane.run_batch(loop, batch)
+            # A lane removed while its batch ran (its model unloaded) has no account any more.
+            if id(lane) in self._account:
                 self._account[id(lane)] += seconds
 
     def only_one_waiting(self, lane: Lane) -> bool:

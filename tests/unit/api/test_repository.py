@@ -300,3 +300,33 @@ async def test_a_load_with_model_files_is_refused_naming_the_parameter(
         with pytest.raises(InferenceServerException, match="files cannot be sent"):
             await tc.load_model("beta", headers=CONTROL, config="{}", files={"file:1/model.onnx": b"weights"})
     assert (await index(client))["beta"]["state"] == "UNAVAILABLE"
+
+
+async def test_serving_goes_on_through_loads_reloads_and_unloads(
+    make_client: ClientFactory, model_repository: Path
+) -> None:
+    client = await explicit(make_client, model_repository)
+
+    async def change() -> None:
+        for _ in range(3):
+            for action in ("load", "load", "unload"):  # a load, a reload, an unload
+                response = await client.post(f"/v2/repository/models/beta/{action}", headers=CONTROL)
+                assert response.status == 200
+
+    async def serve() -> list[int]:
+        return [(await client.post("/", data=PARIS)).status for _ in range(15)]
+
+    changing = asyncio.create_task(change())
+    statuses = [status for statuses in await asyncio.gather(*(serve() for _ in range(4))) for status in statuses]
+    await changing
+    assert statuses == [200] * 60
+    assert changes(client, "beta", "reload") == 3 and changes(client, "beta", "unload") == 3
+
+
+async def test_info_shows_each_models_state_and_memory(make_client: ClientFactory, model_repository: Path) -> None:
+    client = await explicit(make_client, model_repository, models_memory="2GiB")
+    assert (await client.post("/v2/repository/models/beta/load", headers=CONTROL)).status == 200
+    section = (await (await client.get("/info")).json())["model_repository"]
+    assert section["control_mode"] == "explicit" and section["models_memory_bytes"] == 2 * 1024 * MIB
+    assert section["models"]["beta"]["state"] == "READY" and section["models"]["beta"]["memory_bytes"] > 0
+    assert section["models"]["gamma"] == {"state": "UNAVAILABLE", "reason": "not loaded", "memory_bytes": None}
