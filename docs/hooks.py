@@ -147,6 +147,7 @@ ROLE_WORDS = {
     "inference": "model work: refused at the door (503) when it cannot be served in time",
     "form": "model work from a page form: a refusal is shown on the page",
     "public": "open without the API key",
+    "control": "needs the control key (`--control-key`), which the API key does not grant",
     None: "needs the API key, when one is set",
 }
 
