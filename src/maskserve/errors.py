@@ -317,3 +317,15 @@ class InternalError(MaskserveError):
 
 
 INTERNAL_MESSAGE = "internal server error; the request id identifies it in the server log"
+
+
+def errors_by_kind() -> dict[str, type[MaskserveError]]:
+    """Every error class by the ``kind`` it carries (a kind two classes share: the subclass's),
+    walked from the tree so that none is forgotten."""
+    kinds: dict[str, type[MaskserveError]] = {}
+    pending: list[type[MaskserveError]] = [MaskserveError]
+    while pending:
+        cls = pending.pop(0)
+        kinds[cls.kind] = cls
+        pending.extend(cls.__subclasses__())
+    return kinds

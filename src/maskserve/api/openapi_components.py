@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from maskserve.config.settings import Settings
-from maskserve.errors import MaskserveError
+from maskserve.errors import errors_by_kind
 from maskserve.middleware.error_sanitizer import REQUEST_ID_HEADER
 from maskserve.tasks.fill_mask_request import request_schema
 from maskserve.tasks.oip_tensors import DATATYPE, OUTPUT_NAMES, infer_request_schema
@@ -26,14 +26,8 @@ def ref(name: str) -> Schema:
 
 
 def error_kinds() -> list[str]:
-    """Every ``kind`` an error body may carry: walked from the error tree, so none is forgotten."""
-    kinds: set[str] = set()
-    pending: list[type[MaskserveError]] = [MaskserveError]
-    while pending:
-        cls = pending.pop()
-        kinds.add(cls.kind)
-        pending.extend(cls.__subclasses__())
-    return sorted(kinds)
+    """Every ``kind`` an error body may carry."""
+    return sorted(errors_by_kind())
 
 
 def component_schemas(settings: Settings) -> dict[str, Schema]:

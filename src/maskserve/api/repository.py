@@ -27,6 +27,7 @@ from maskserve.errors import InvalidBody, InvalidInput
 from maskserve.middleware.auth import check_control_key, presented_key
 from maskserve.request.keys import service_of, state_of
 from maskserve.request.model_repository import (
+    ACTOR_HEADER,
     PEER_HEADER,
     control_of,
     entry_json,
@@ -64,7 +65,7 @@ async def load(request: web.Request) -> web.Response:
     _check_control_key(request)
     name = request.match_info["model"]
     body = await _json_body(request, CHANGE_SCHEMA)
-    overrides = load_overrides(body.get("parameters") or {})
+    overrides = load_overrides(name, body.get("parameters") or {})
 
     async def here() -> None:
         await control.load(name, overrides, actor=_actor(request))
@@ -91,7 +92,8 @@ async def _everywhere(request: web.Request, here: Callable[[], Awaitable[None]])
     service = service_of(request.app)
     body = await request.read()
     forwarded = PEER_HEADER in request.headers
-    await everywhere(service, request.path, body, request.headers.get(hdrs.AUTHORIZATION), here, forwarded=forwarded)
+    authorization = request.headers.get(hdrs.AUTHORIZATION)
+    await everywhere(service, request.path, body, authorization, here, actor=_actor(request), forwarded=forwarded)
 
 
 def _check_control_key(request: web.Request) -> None:
@@ -99,7 +101,10 @@ def _check_control_key(request: web.Request) -> None:
 
 
 def _actor(request: web.Request) -> str:
-    """Who asked, for the log: the client's address and the request's id (never a key)."""
+    """Who asked, for the log: the client's address and the request's id (never a key); for a
+    change a sibling worker forwarded, whom it names."""
+    if PEER_HEADER in request.headers:
+        return f"{request.headers.get(ACTOR_HEADER, 'a client')}, through a sibling worker"
     return f"{request.remote or 'a client'} (request {state_of(request).id})"
 
 

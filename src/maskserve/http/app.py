@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +30,7 @@ from maskserve.service.health import ready
 from maskserve.service.model_control import ModelControl
 from maskserve.service.model_parts import start_model
 from maskserve.service.registry import FillMaskService, Loaded
-from maskserve.serving.memory import IdleTrimmer, models_memory_budget, release_freed_memory, resident_growth
+from maskserve.serving.memory import IdleTrimmer, models_memory_budget, release_freed_memory
 from maskserve.serving.scheduler import Scheduler
 
 if TYPE_CHECKING:
@@ -121,15 +120,7 @@ def inference_context(
         executor = thread or inference_thread()
         loop = asyncio.get_running_loop()
         configs = [served.config for served in service.models.values()]
-        # Each model's resident size, measured as it loads (unknown for engines handed in).
-        sizes: dict[str, int | None] = dict.fromkeys(service.models)
-        if engines is None:
-            loaded: dict[str, FillMaskModel] = {}
-            for config in configs:
-                one = functools.partial(load_engine, config, alone=len(configs) == 1)
-                loaded[config.name], sizes[config.name] = await loop.run_in_executor(executor, resident_growth, one)
-        else:
-            loaded = dict(engines)
+        loaded = dict(engines) if engines is not None else await loop.run_in_executor(executor, load_models, configs)
         scheduler = Scheduler(executor)
         # One thread, so that tokenizing long texts takes at most one core from the models.
         tokenizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="maskserve-tokenizer")
@@ -140,8 +131,8 @@ def inference_context(
         control = service.control = ModelControl(
             service, scheduler, tokenizer, load_served_engine, budget_bytes=models_memory_budget(service.settings)
         )
-        for name, size in sizes.items():
-            control.started(name, size)
+        for name, engine in loaded.items():
+            control.started(name, engine)
         service.metrics.watch_models(control.models_state)
         service.metrics.watch_readiness(lambda: ready(service).ok)
         # What loading and warming up freed goes back to the system now, and what traffic frees

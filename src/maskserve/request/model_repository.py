@@ -20,12 +20,14 @@ from aiohttp import hdrs
 
 from maskserve.config.model_repository import config_overrides
 from maskserve.config.settings import NamedSettingsError
-from maskserve.errors import ExtensionOff, InvalidInput, ModelLoadFailed
+from maskserve.errors import ExtensionOff, InvalidInput, MaskserveError, ModelLoadFailed, errors_by_kind
 from maskserve.observability.metrics import Peers
 from maskserve.service.model_control import IndexEntry, ModelControl
 from maskserve.service.registry import FillMaskService
 
 PEER_HEADER = "X-Maskserve-Peer"
+# Who asked the worker that forwards a change, for the siblings' logs.
+ACTOR_HEADER = "X-Maskserve-Actor"
 
 
 def control_of(service: FillMaskService) -> ModelControl:
@@ -46,7 +48,7 @@ def entry_json(entry: IndexEntry) -> dict[str, Any]:
     return found
 
 
-def load_overrides(parameters: dict[str, Any]) -> dict[str, Any] | None:
+def load_overrides(name: str, parameters: dict[str, Any]) -> dict[str, Any] | None:
     """A load's ``parameters.config`` as settings (a JSON object, as a string); Triton's ``file:``
     parameters (model files sent in the request) are refused: models come from the repository only."""
     for key in parameters:
@@ -63,7 +65,7 @@ def load_overrides(parameters: dict[str, Any]) -> dict[str, Any] | None:
     try:
         return config_overrides(config)
     except NamedSettingsError as exc:
-        raise ModelLoadFailed(str(exc)) from None
+        raise ModelLoadFailed(f"model {name!r}: {exc}") from None
 
 
 async def everywhere(
@@ -73,6 +75,7 @@ async def everywhere(
     authorization: str | None,
     here: Callable[[], Awaitable[None]],
     *,
+    actor: str,
     forwarded: bool = False,
 ) -> None:
     """Run ``here`` (this worker's part of a load or unload) and, with workers, the same request
@@ -82,7 +85,7 @@ async def everywhere(
     if peers is None or forwarded:
         await here()
         return
-    headers = {PEER_HEADER: "1", hdrs.CONTENT_TYPE: "application/json"}
+    headers = {PEER_HEADER: "1", ACTOR_HEADER: actor, hdrs.CONTENT_TYPE: "application/json"}
     if authorization is not None:
         headers[hdrs.AUTHORIZATION] = authorization
     local, answers = await asyncio.gather(here(), peers.forward(path, body, headers), return_exceptions=True)
@@ -92,7 +95,7 @@ async def everywhere(
         raise answers
     for slot, status, reply in answers:
         if status != 200:
-            raise ModelLoadFailed(f"worker {slot} answered {status or 'nothing'}: {_error_message(reply)}")
+            raise peer_error(slot, status, reply)
 
 
 async def merged_index(peers: Peers, entries: list[dict[str, Any]], ready: bool) -> list[dict[str, Any]]:
@@ -126,9 +129,21 @@ def _described(entry: dict[str, Any] | None) -> str:
     return str(entry["state"]) + (f" ({entry['reason']})" if entry.get("reason") else "")
 
 
-def _error_message(body: bytes) -> str:
+def peer_error(slot: str, status: int, body: bytes) -> MaskserveError:
+    """A sibling's refusal as this worker's own error: the same kind (and so the same status),
+    its message naming the worker. A sibling that did not answer fails the change as a load that
+    failed: the caller may retry it, and the index says where each worker stands."""
     try:
-        message: object = json.loads(body)["error"]
-        return str(message)
+        answer = json.loads(body)
+        message, kind = str(answer["error"]), str(answer["error_type"])
     except (ValueError, KeyError, TypeError):
-        return "no error message"
+        message, kind = f"answered {status or 'nothing'}", ModelLoadFailed.kind
+    error = _ERROR_KINDS.get(kind, ModelLoadFailed)
+    try:
+        return error(f"worker {slot}: {message}")
+    except TypeError:  # an error that needs more than a message: the failure, as a failed load
+        return ModelLoadFailed(f"worker {slot}: {message}")
+
+
+# Every error class by its kind, for a sibling's refusals.
+_ERROR_KINDS = errors_by_kind()

@@ -131,14 +131,18 @@ class InferenceServicer:
             metadata = self._check_control(context)
             parameters = {key: value.WhichOneof("parameter_choice") for key, value in request.parameters.items()}
             config = request.parameters["config"].string_param if "config" in request.parameters else None
-            overrides = load_overrides({**parameters, **({"config": config} if config is not None else {})})
+            overrides = load_overrides(
+                request.model_name, {**parameters, **({"config": config} if config is not None else {})}
+            )
             name = request.model_name
 
+            actor = f"{context.peer()} (request {state.id})"
+
             async def here() -> None:
-                await control.load(name, overrides, actor=f"{context.peer()} (request {state.id})")
+                await control.load(name, overrides, actor=actor)
 
             body = json.dumps({"parameters": {"config": config}} if config is not None else {}).encode()
-            await everywhere(self.service, f"/v2/repository/models/{name}/load", body, metadata, here)
+            await everywhere(self.service, f"/v2/repository/models/{name}/load", body, metadata, here, actor=actor)
             return _response("RepositoryModelLoad")
 
         return await self.calls.unary("RepositoryModelLoad", context, answer, control=True)
@@ -149,10 +153,12 @@ class InferenceServicer:
             metadata = self._check_control(context)
             name = request.model_name
 
-            async def here() -> None:
-                await control.unload(name, actor=f"{context.peer()} (request {state.id})")
+            actor = f"{context.peer()} (request {state.id})"
 
-            await everywhere(self.service, f"/v2/repository/models/{name}/unload", b"{}", metadata, here)
+            async def here() -> None:
+                await control.unload(name, actor=actor)
+
+            await everywhere(self.service, f"/v2/repository/models/{name}/unload", b"{}", metadata, here, actor=actor)
             return _response("RepositoryModelUnload")
 
         return await self.calls.unary("RepositoryModelUnload", context, answer, control=True)

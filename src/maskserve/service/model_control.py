@@ -46,7 +46,7 @@ from maskserve.errors import (
     ModelsMemoryExceeded,
     NotFound,
 )
-from maskserve.model_api import FillMaskModel
+from maskserve.model_api import FillMaskModel, describe_model
 from maskserve.observability.metrics import ModelsState
 from maskserve.service.model_parts import retire_model, start_model
 from maskserve.service.registry import MODEL_VERSION, FillMaskService, ServedModel
@@ -121,6 +121,8 @@ class ModelControl:
         # two loads never compete for the cores with each other as well as with serving.
         self.loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="maskserve-loader")
         self._loads: dict[str, asyncio.Task[None]] = {}
+        # The settings each load in progress applies: a second load asking the same joins it.
+        self._load_overrides: dict[str, dict[str, Any] | None] = {}
         self._unloads: dict[str, asyncio.Task[None]] = {}
         # Bytes promised to loads in progress, so that two loads cannot both fit one free share.
         self._reserved: dict[str, int] = {}
@@ -183,13 +185,16 @@ class ModelControl:
         held = ", ".join(repr(known) for known in sorted(self.records)) or "none"
         return NotFound(f"no model named {name!r} in the model repository; it holds {held}")
 
-    def started(self, name: str, memory_bytes: int | None) -> None:
-        """A model named at start is serving; its size as measured, else as its weights estimate it
-        (models loaded before the app, as --workers loads them)."""
+    def started(self, name: str, engine: FillMaskModel) -> None:
+        """A model named at start is serving. Its size is its weights' on disk: what the process
+        grows by during the first load of all is mostly the runtime's own one-time costs, which
+        unloading the model would never give back."""
         record = self.records.setdefault(name, ModelRecord(name))
-        if memory_bytes is None:
-            memory_bytes = self._estimate(name, self.started_configs[name])
-        record.state, record.reason, record.memory_bytes = "READY", "", memory_bytes
+        source = describe_model(engine).get("source")
+        config = self.started_configs[name]
+        folder = source if isinstance(source, str) and config.source is None else config.source
+        record.state, record.reason = "READY", ""
+        record.memory_bytes = weights_bytes(ModelConfig(name, folder, config.settings))
 
     # -- loading --------------------------------------------------------------------------------
 
@@ -223,10 +228,18 @@ class ModelControl:
         unloading = self._unloads.get(name)
         if unloading is not None:
             await asyncio.shield(unloading)
-        task = self._loads.get(name)
-        if task is None:
-            task = self._loads[name] = asyncio.create_task(self._load(name, overrides, reason, actor))
-            task.add_done_callback(lambda _: self._loads.pop(name, None))
+        while True:
+            running = self._loads.get(name)
+            if running is None:
+                task = self._loads[name] = asyncio.create_task(self._load(name, overrides, reason, actor))
+                self._load_overrides[name] = overrides
+                task.add_done_callback(lambda _: self._loads.pop(name, None))
+                break
+            if self._load_overrides.get(name) == overrides:
+                task = running  # the same load asked twice: one load
+                break
+            # Another configuration: this one applies after the load in progress, as a reload.
+            await asyncio.shield(asyncio.gather(running, return_exceptions=True))
         await asyncio.shield(task)
 
     async def _load(self, name: str, overrides: dict[str, Any] | None, reason: str, actor: str) -> None:
@@ -247,11 +260,11 @@ class ModelControl:
             self._reserved.pop(name, None)
             failed = exc if isinstance(exc, ModelLoadFailed | ModelsMemoryExceeded | NotFound) else None
             why = failed.message if failed is not None else "an unexpected error; the server log has it"
-            if old is not None:
-                record.state, record.reason = "READY", f"reload failed, the old model serves: {why}"
-            else:
-                record.state, record.reason = "UNAVAILABLE", f"load failed: {why}"
             result = "refused" if isinstance(exc, ModelsMemoryExceeded) else "failed"
+            if old is not None:
+                record.state, record.reason = "READY", f"reload {result}, the old model serves: {why}"
+            else:
+                record.state, record.reason = "UNAVAILABLE", f"load {result}: {why}"
             self.service.metrics.model_changes.labels(name, action, reason, result).inc()
             log.warning("model %s of %r by %s: %s (%s)", action, name, actor or reason, result, why)
             if failed is None and isinstance(exc, Exception):
@@ -273,12 +286,15 @@ class ModelControl:
         )
         if old is not None:
             await retire_model(self.service, old, self.scheduler)
-            await self._return_memory()
+        # What the load and warm-up made and dropped (and a reload's old model) goes back now.
+        await self._return_memory()
 
     def _config(self, name: str, overrides: dict[str, Any] | None) -> ModelConfig:
         settings = self.service.settings
         try:
-            if self.repository is not None and name not in self.started_configs:
+            # A repository model's settings file is read afresh on every load, whether or not
+            # the model was named at start.
+            if self.repository is not None and name in self.repository.names():
                 try:
                     return self.repository.config(name, settings, overrides)
                 except NotInRepository as exc:
