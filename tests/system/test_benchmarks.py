@@ -297,6 +297,31 @@ def test_the_several_models_benchmark_runs_both_layouts_and_reports_ratios_and_m
     assert report.count("One server against two:") == 2
 
 
+@pytest.mark.slow
+@pytest.mark.load
+def test_the_repository_benchmark_loads_serves_and_unloads_and_judges_each_target(tmp_path: Path) -> None:
+    from benchmarks import repository
+
+    folder = default_model_dir()
+    assert folder is not None
+    out = tmp_path / "repository.md"
+    # The default model in both roles: the phases and the report, not bert-base's memory, are checked.
+    argv = ["--requests", "16", "--quiet", "1", "--idle", "1", "--window", "1", "--bursts", "1", "--per-burst", "4"]
+    argv += ["--big-model", str(folder), "--out", str(out)]
+    assert repository.main(argv) == 0
+    report = out.read_text(encoding="utf-8")
+    assert "python -m benchmarks.repository --requests 16" in report and "flags:" in report
+    assert "load averages" in report
+    phases = [line.split("|")[1].strip() for line in report.splitlines() if line.startswith("| ")][1:]
+    assert phases[:3] == ["small warm", "small idle", "bert-base loaded"]
+    assert "unloaded" in phases and "bursts, idle" in phases
+    assert "served 16 requests at c=8" in report and "ms, 0 failed; peak RSS" in report
+    latency = [line for line in report.splitlines() if line.startswith(("| nothing loads", "| `bert-base` loads"))]
+    assert len(latency) == 2 and all(line.rstrip(" |").endswith("| 0") for line in latency)  # none failed
+    verdicts = report.split("| target | met | measured |", 1)[1].strip().splitlines()[1:]
+    assert len(verdicts) == 3 and all(line.split("|")[2].strip() in ("yes", "no") for line in verdicts)
+
+
 def _linear_multiply_adds(counter: FlopCounterMode) -> float:
     """Multiply-adds of the linear layers' products a FlopCounterMode saw (2 FLOPs each counted).
 
