@@ -90,8 +90,8 @@ class VariantRun:
 
 def variants(names: Sequence[str], jemalloc: Path | None, jemalloc_conf: str) -> list[Variant]:
     known = {
-        "glibc": Variant("glibc", "maskserve"),
-        "idle-trim": Variant("idle-trim", "benchmarks.idle_trim_server"),
+        "glibc": Variant("glibc", "benchmarks.no_idle_trim_server"),
+        "idle-trim": Variant("idle-trim", "maskserve"),
         "jemalloc": Variant(
             "jemalloc", "maskserve", {"LD_PRELOAD": str(jemalloc), "MALLOC_CONF": jemalloc_conf} if jemalloc else {}
         ),
@@ -189,7 +189,8 @@ def render(runs: Sequence[VariantRun], command: str, settings: Settings, args: a
         f"top_k {top_k} ({settings.max_predictions} predictions), concurrency {args.concurrency}, "
         f"{BURST_PAUSE_S:.0f} s between bursts; warm-up 64 small requests, then {QUIET_S:.0f} s quiet "
         f"before the idle reading",
-        f"- idle-trim: IdleTrimmer on the scheduler's batches_run (benchmarks/idle_trim_server.py); "
+        f"- glibc: maskserve with its idle trim kept still (benchmarks/no_idle_trim_server.py); idle-trim: "
+        f"maskserve as it is (its IdleTrimmer on the scheduler's batches_run); "
         f"jemalloc: LD_PRELOAD={args.jemalloc}, MALLOC_CONF={args.jemalloc_conf}",
         f"- target: RSS after {IDLE_AFTER_S:.0f} s idle within {TARGET_BYTES / 10**6:.0f} MB "
         f"({TARGET_BYTES / MIB:.0f} MiB) of the idle RSS after warm-up",
