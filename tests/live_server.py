@@ -24,7 +24,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +38,20 @@ from maskserve.server.serve import GuardedTCPSite, make_runner
 READY_TIMEOUT_S = 120.0
 # An orchestrator's grace period, scaled down: a server that has not exited by then is killed.
 STOP_TIMEOUT_S = 30.0
+
+
+def until(condition: Callable[[], bool], timeout_s: float = 90.0) -> None:
+    """Until ``condition()`` holds; a refused connection or a failed check counts as not yet (a
+    worker still loading its models, a connection the shared socket took before any accepts)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except (urllib.error.URLError, OSError, AssertionError):
+            pass
+        time.sleep(0.3)
+    raise AssertionError("timed out")
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CONTROL_KEY
-from tests.live_server import ServerProcess, maskserve_process, start_maskserve
+from tests.live_server import ServerProcess, maskserve_process, start_maskserve, until
 from tests.models import build_bert
 
 CONTROL = {"Authorization": f"Bearer {CONTROL_KEY}"}
@@ -46,18 +45,6 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise AssertionError("no VmRSS")
-
-
-def until(condition: object, timeout_s: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if condition():  # type: ignore[operator]
-                return
-        except (urllib.error.URLError, OSError, AssertionError):
-            pass  # a worker still loading its models
-        time.sleep(0.3)
-    raise AssertionError("timed out")
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from maskserve.config.settings import Settings
 from maskserve.observability.metrics import merge_expositions
 from maskserve.server.workers import _assign_slot
 from tests.conftest import HAS_ONNXRUNTIME, NO_ONNXRUNTIME
-from tests.live_server import ServerProcess, free_port, run_maskserve, start_maskserve
+from tests.live_server import ServerProcess, free_port, run_maskserve, start_maskserve, until
 
 PARIS = b"Paris is the [MASK] of France."
 
@@ -81,19 +80,6 @@ def worker_requests(url: str) -> dict[str, float]:
                 if sample.name.endswith("_total") and sample.labels["route"] == "fill_mask":
                     found[sample.labels["worker"]] = found.get(sample.labels["worker"], 0) + sample.value
     return found
-
-
-def until(condition: object, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if condition():  # type: ignore[operator]
-                return
-        except (urllib.error.URLError, OSError):
-            # Refused, or accepted by the shared socket while no worker has loaded its model yet.
-            pass
-        time.sleep(0.3)
-    raise AssertionError("timed out")
 
 
 @pytest.fixture
