@@ -45,6 +45,8 @@ SETTINGS_CHECKS: dict[str, SettingsCheck] = {
     "traces_exporter": chain.check_tracing,
     "middleware": chain.check_setting,
     "model": check_models,
+    # A share of the container's memory needs a container limit to take it of: refused at start.
+    "models_memory": models_memory_budget,
 }
 
 

@@ -224,3 +224,17 @@ async def test_cancelling_ends_the_trimmer(running: Running) -> None:
     running.task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await running.task
+
+
+def test_the_models_budget_is_resolved_at_start_against_the_containers_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from maskserve.config.flags import load_settings
+    from maskserve.config.settings import SettingsError
+    from maskserve.http.app import SETTINGS_CHECKS
+
+    monkeypatch.setattr(memory, "container_memory_limit", lambda: 4 * GIB)
+    settings = load_settings(["--models-memory", "60%"], env={}, checks=SETTINGS_CHECKS)
+    assert memory.models_memory_budget(settings) == int(4 * GIB * 0.6)
+    assert memory.models_memory_budget(load_settings([], env={})) is None
+    monkeypatch.setattr(memory, "container_memory_limit", lambda: None)
+    with pytest.raises(SettingsError, match=r"--models-memory: .* has none"):
+        load_settings(["--models-memory", "60%"], env={}, checks=SETTINGS_CHECKS)
