@@ -15,7 +15,7 @@ from maskserve.config.settings import Settings
 from maskserve.demo.page import CONTENT_SECURITY_POLICY
 from maskserve.http.app import create_app
 from maskserve.model_api import Query
-from tests.conftest import ClientFactory
+from tests.conftest import CONTROL_KEY, ClientFactory
 from tests.fakes import ControlledModel, EchoModel, default_parts
 from tests.models import LONG_TEXT
 
@@ -407,6 +407,24 @@ async def test_a_server_of_one_model_shows_no_picker(make_client: ClientFactory)
     client = await make_client()
     page = Page(await (await client.get("/")).text())
     assert page.models == [] and page.posted_models == []
+
+
+async def test_the_picker_follows_the_models_loaded_and_unloaded(
+    make_client: ClientFactory, model_repository: Path
+) -> None:
+    client = await make_client(
+        model_repository=str(model_repository), model_control_mode="explicit", control_key=CONTROL_KEY
+    )
+    control = {"Authorization": f"Bearer {CONTROL_KEY}"}
+    assert Page(await (await client.get("/")).text()).models == []  # one model: no picker
+    assert (await client.post("/v2/repository/models/gamma/load", headers=control)).status == 200
+    assert Page(await (await client.get("/")).text()).models == ["alpha", "gamma"]
+    answered = await client.post("/demo", data={"text": PARIS, "model": "gamma"})
+    assert answered.status == 200 and Page(await answered.text()).picked_model == "gamma"
+    assert (await client.post("/v2/repository/models/gamma/unload", headers=control)).status == 200
+    assert Page(await (await client.get("/")).text()).models == []
+    gone = await client.post("/demo", data={"text": PARIS, "model": "gamma"})
+    assert gone.status == 404 and "is not loaded" in Page(await gone.text()).error
 
 
 @pytest.fixture
