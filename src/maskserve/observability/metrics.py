@@ -183,7 +183,7 @@ class Metrics:
         self._state.lanes = [lane for lane in self._state.lanes if lane.batcher is not batcher]
         if series:
             for metric in self._per_model:
-                metric.remove_by_labels({"model": model_name})
+                _remove_series(metric, model_name)
 
     @property
     def _per_model(self) -> tuple[Counter | Histogram | Info, ...]:
@@ -359,6 +359,20 @@ class _ServingState(Collector):
         for family in (depth, limit, wait, dropped, refused, load):
             if family.samples:
                 yield family
+
+
+def _remove_series(metric: Counter | Histogram | Info, model: str) -> None:
+    """Every series of ``metric`` labelled with ``model``, removed (prometheus_client before 0.24
+    has no removal by one label: each series is removed by all its label values)."""
+    names = metric._labelnames  # the label names the metric was declared with, in order
+    doomed = {
+        tuple(sample.labels[name] for name in names)
+        for family in metric.collect()
+        for sample in family.samples
+        if sample.labels.get("model") == model
+    }
+    for values in doomed:
+        metric.remove(*values)
 
 
 @dataclass(frozen=True)
