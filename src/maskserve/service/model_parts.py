@@ -31,7 +31,11 @@ async def start_model(
     if served.settings.warmup:
         # Before any request can reach it: its passes are no one's, and admission starts from
         # measured costs. On the inference thread, between other models' batches.
-        seconds = await batcher.warm_up(served.settings.max_top_k)
+        try:
+            seconds = await batcher.warm_up(served.settings.max_top_k)
+        except BaseException:
+            scheduler.remove(batcher)  # a model that never served leaves no lane behind
+            raise
         log.info(
             "%s warmed up in %.2fs: the longest batch its limits admit would take about %.1fs here; stall budget %.1fs",
             served.name,
