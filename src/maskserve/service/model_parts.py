@@ -10,6 +10,7 @@ its lane, its series and every reference to its engine go, so that its memory ca
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from concurrent.futures import Executor
 
@@ -70,3 +71,12 @@ async def retire_model(service: FillMaskService, served: ServedModel, scheduler:
     service.metrics.detach(parts.batcher, served.name, series=service.models.get(served.name) is None)
     served.parts = None
     parts.batcher.listeners.clear()
+    # A round trip through the inference thread: the thread drops its last pass's work item (and
+    # with it the engine) only once it takes up the next one, which may be after its answers have
+    # been sent and this drain has ended. Without it, the memory handed back next could miss it.
+    with contextlib.suppress(RuntimeError):  # the thread stopped: the server is leaving anyway
+        await asyncio.get_running_loop().run_in_executor(scheduler.executor, _nothing)
+
+
+def _nothing() -> None:
+    return None
