@@ -69,8 +69,12 @@ def two_workers(tmp_path: Path, model_repository: Path) -> Iterator[ServerProces
 
 
 def both_workers_answer(url: str) -> bool:
+    """Both workers up, each on its private socket (a load is forwarded only to the workers whose
+    socket is there), and the index the same from both."""
+    metrics = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
     status, body = post(url + "/v2/repository/index")
-    return status == 200 and "worker" not in body.decode() and b"alpha" in body
+    both = 'worker="0"' in metrics and 'worker="1"' in metrics
+    return both and status == 200 and "worker" not in body.decode() and b"alpha" in body
 
 
 @pytest.mark.slow
