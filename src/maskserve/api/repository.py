@@ -16,14 +16,12 @@ every worker, and the index is the same from any of them (:mod:`maskserve.reques
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import jsonschema
 from aiohttp import hdrs, web
 
-from maskserve.errors import InvalidBody, InvalidInput
 from maskserve.middleware.auth import check_control_key, presented_key
 from maskserve.request.keys import service_of, state_of
 from maskserve.request.model_repository import (
@@ -36,6 +34,7 @@ from maskserve.request.model_repository import (
     merged_index,
 )
 from maskserve.request.run_task import read_body
+from maskserve.tasks.request_checks import load_json, schema_error
 
 # The protocol's bodies: every member optional, as Triton's clients may send none at all.
 INDEX_SCHEMA: dict[str, Any] = {
@@ -109,17 +108,14 @@ def _actor(request: web.Request) -> str:
 
 
 async def _json_body(request: web.Request, schema: dict[str, Any]) -> dict[str, Any]:
-    """The body as JSON of ``schema``; an empty body is an empty object, as Triton's clients send."""
+    """The body as JSON of ``schema``; an empty body is an empty object, as Triton's clients send.
+    Read and checked as every other JSON body is (its depth bounded, a 422 naming the field)."""
     raw = await read_body(request)
     if not raw.strip():
         return {}
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, ValueError):
-        raise InvalidBody("the body is not JSON") from None
+    body = load_json(raw, service_of(request.app).settings.max_json_depth)
     try:
         jsonschema.validate(body, schema)
     except jsonschema.ValidationError as exc:
-        where = "/".join(str(part) for part in exc.absolute_path) or "the body"
-        raise InvalidInput(f"{where}: {exc.message}", field=where) from None
+        raise schema_error(exc) from None
     return dict(body)

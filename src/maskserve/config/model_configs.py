@@ -123,18 +123,29 @@ def with_overrides(settings: Settings, overrides: dict[str, Any], where: str) ->
     return own
 
 
-def _from_file(path: str, settings: Settings) -> list[ModelConfig]:
+def read_yaml(path: Path, where: str) -> Any:
+    """A settings file's YAML; a refusal naming ``where`` when it cannot be read or parsed."""
     try:
-        document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise NamedSettingsError(f"--models-file {path!r}: cannot read it ({exc.strerror})") from None
+        raise NamedSettingsError(f"{where}: cannot read it ({exc.strerror})") from None
     except yaml.YAMLError as exc:
-        raise NamedSettingsError(f"--models-file {path!r}: not valid YAML ({exc})") from None
+        raise NamedSettingsError(f"{where}: not valid YAML ({exc})") from None
+
+
+def validated(document: Any, schema: dict[str, Any], where: str) -> Any:
+    """``document`` when ``schema`` holds it; a refusal naming ``where`` and the place at fault."""
     try:
-        jsonschema.validate(document, MODELS_FILE_SCHEMA)
+        jsonschema.validate(document, schema)
     except jsonschema.ValidationError as exc:
         at = "/".join(str(part) for part in exc.absolute_path) or "the top level"
-        raise NamedSettingsError(f"--models-file {path!r}: at {at}: {exc.message}") from None
+        raise NamedSettingsError(f"{where}: at {at}: {exc.message}") from None
+    return document
+
+
+def _from_file(path: str, settings: Settings) -> list[ModelConfig]:
+    where = f"--models-file {path!r}"
+    document = validated(read_yaml(Path(path), where), MODELS_FILE_SCHEMA, where)
     configs = []
     for entry in document["models"]:
         overrides = {key: value for key, value in entry.items() if key not in ("name", "source")}

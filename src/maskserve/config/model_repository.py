@@ -20,10 +20,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-import yaml
-
-from maskserve.config.model_configs import MODEL_SETTINGS_SCHEMA, NAME_PATTERN, ModelConfig, with_overrides
+from maskserve.config.model_configs import (
+    MODEL_SETTINGS_SCHEMA,
+    NAME_PATTERN,
+    ModelConfig,
+    read_yaml,
+    validated,
+    with_overrides,
+)
 from maskserve.config.settings import NamedSettingsError, Settings
 
 # The per-model settings file inside a model's folder.
@@ -82,9 +86,10 @@ class ModelRepository:
         values: dict[str, Any] = {}
         settings_file = folder / SETTINGS_FILE
         if settings_file.is_file():
-            values |= _checked(_read_yaml(settings_file), f"model {name!r}: {SETTINGS_FILE}")
+            where = f"model {name!r}: {SETTINGS_FILE}"
+            values |= validated(read_yaml(settings_file, where) or {}, MODEL_SETTINGS_SCHEMA, where)
         if overrides:
-            values |= _checked(overrides, f"model {name!r}: the load's config")
+            values |= validated(overrides, MODEL_SETTINGS_SCHEMA, f"model {name!r}: the load's config")
         own = with_overrides(settings, values, f"model {name!r}") if values else settings
         return ModelConfig(name, str(folder), own)
 
@@ -98,21 +103,3 @@ def config_overrides(text: str) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise NamedSettingsError("the load's config must be a JSON object of settings")
     return document
-
-
-def _read_yaml(path: Path) -> Any:
-    try:
-        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except OSError as exc:
-        raise NamedSettingsError(f"{path.name}: cannot read it ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise NamedSettingsError(f"{path.name}: not valid YAML ({exc})") from None
-
-
-def _checked(document: Any, where: str) -> dict[str, Any]:
-    try:
-        jsonschema.validate(document, MODEL_SETTINGS_SCHEMA)
-    except jsonschema.ValidationError as exc:
-        at = "/".join(str(part) for part in exc.absolute_path) or "the top level"
-        raise NamedSettingsError(f"{where}: at {at}: {exc.message}") from None
-    return dict(document)

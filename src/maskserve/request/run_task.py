@@ -53,13 +53,10 @@ async def model_for_work(request: web.Request) -> ServedModel:
     state = state_of(request)
     if state.served is not None:
         return state.served
-    service = service_of(request.app)
     name = next((request.match_info[key] for key in MODEL_SEGMENTS if key in request.match_info), None)
-    control = service.control
-    if control is not None and control.mode == "on-demand":
-        wanted = service.default_name if name is None else name
-        if wanted not in service.models and control.knows(wanted):
-            await control.ensure(wanted, request_deadline(request))
+    control = service_of(request.app).control
+    if control is not None:
+        await control.load_on_demand(name, request_deadline(request))
     return served_model(request, name)
 
 

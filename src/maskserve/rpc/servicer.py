@@ -30,7 +30,7 @@ from maskserve.request.state import RequestState
 from maskserve.rpc.calls import Calls, public_message, request_id
 from maskserve.rpc.protocol import ModelConfig, ModelStreamInferResponse, method_types
 from maskserve.rpc.status import REQUEST_ID_KEY, status_code, trailers
-from maskserve.rpc.tensors import infer_response, parse_infer
+from maskserve.rpc.tensors import infer_response, parameter_value, parse_infer
 from maskserve.service.health import live, ready
 from maskserve.service.registry import MODEL_VERSION, ServedModel
 from maskserve.tasks.oip_tensors import INPUT_NAME, OUTPUT_NAMES
@@ -129,13 +129,10 @@ class InferenceServicer:
         async def answer(state: RequestState) -> Any:
             control = control_of(self.service)
             metadata = self._check_control(context)
-            parameters = {key: value.WhichOneof("parameter_choice") for key, value in request.parameters.items()}
-            config = request.parameters["config"].string_param if "config" in request.parameters else None
-            overrides = load_overrides(
-                request.model_name, {**parameters, **({"config": config} if config is not None else {})}
-            )
             name = request.model_name
-
+            parameters = {key: parameter_value(value) for key, value in request.parameters.items()}
+            overrides = load_overrides(name, parameters)
+            config = parameters.get("config")
             actor = f"{context.peer()} (request {state.id})"
 
             async def here() -> None:
@@ -176,15 +173,11 @@ class InferenceServicer:
         return await self.calls.unary("ModelInfer", context, answer)
 
     async def _infer(self, state: RequestState, request: Any) -> Any:
-        control = self.service.control
-        if control is not None and control.mode == "on-demand":
-            # A model of the repository not loaded yet loads here, within the call's deadline.
-            assert state.deadline is not None  # the call fixed it
-            wanted = request.model_name or self.service.default_name
-            if wanted not in self.service.models and control.knows(wanted):
-                await control.ensure(wanted, state.deadline)
-        served = self._served(state, request.model_name, request.model_version)
         assert state.deadline is not None  # the call fixed it
+        control = self.service.control
+        if control is not None:  # a model of the repository not loaded yet loads here (on-demand)
+            await control.load_on_demand(request.model_name or None, state.deadline)
+        served = self._served(state, request.model_name, request.model_version)
         served.at_door(state.deadline)  # the circuit breaker's door, before any parsing
         envelope, raw = parse_infer(infer_parser(served), request)  # as REST's infer parses its body
         inferred = await run_infer(state, served, envelope)

@@ -23,12 +23,14 @@ from maskserve.tasks.oip_tensors import (
     encode_bytes_tensor,
 )
 
-# The InferParameter oneof's fields, each a scalar the JSON form would hold.
+# The InferParameter oneof's fields, each a scalar the JSON form would hold (ModelRepositoryParameter's
+# are among them, but for its bytes_param, which no JSON form carries).
 _PARAMETER_FIELDS = ("bool_param", "int64_param", "string_param", "double_param", "uint64_param")
 
 
 def parameter_value(parameter: Any) -> object:
-    """An ``InferParameter``'s value, as JSON would carry it (None when it holds none)."""
+    """An ``InferParameter``'s (or a ``ModelRepositoryParameter``'s) value, as JSON would carry it
+    (None when it holds none)."""
     which = parameter.WhichOneof("parameter_choice")
     return getattr(parameter, which) if which in _PARAMETER_FIELDS else None
 

@@ -20,6 +20,7 @@ their own series (``?scope=worker``) and labels every series with its worker's s
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import os
@@ -71,47 +72,44 @@ class WorkerPeers:
         return run_dir / f"worker-{slot}.sock"
 
     async def expositions(self) -> list[tuple[str, bytes]]:
-        parts = await asyncio.gather(*(self._scrape(path) for path in self._siblings()))
-        return [part for part in parts if part is not None]
-
-    async def _scrape(self, path: Path) -> tuple[str, bytes] | None:
-        slot = path.stem.removeprefix("worker-")
-        try:
-            async with (
-                aiohttp.ClientSession(
-                    connector=aiohttp.UnixConnector(path=str(path)),
-                    timeout=aiohttp.ClientTimeout(total=PEER_SCRAPE_TIMEOUT_S),
-                ) as session,
-                session.get("http://worker/metrics", params={"scope": "worker"}, headers=self._headers) as reply,
-            ):
-                if reply.status == 200:
-                    return slot, await reply.read()
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            pass  # a worker starting, draining or dead: its series are missing from this scrape
-        return None
+        scrape = functools.partial(self._ask, "GET", "/metrics?scope=worker", total_s=PEER_SCRAPE_TIMEOUT_S)
+        answers = await asyncio.gather(*(scrape(path) for path in self._siblings()))
+        # A worker starting, draining or dead: its series are missing from this scrape.
+        return [(slot, body) for slot, status, body in answers if status == 200]
 
     async def forward(self, path: str, body: bytes, headers: dict[str, str]) -> list[tuple[str, int, bytes]]:
-        siblings = self._siblings()
-        return list(await asyncio.gather(*(self._post(sibling, path, body, headers) for sibling in siblings)))
+        # A load takes as long as its model does: bounded by the request's own deadline on the
+        # sibling, not here.
+        ask = functools.partial(self._ask, "POST", path, data=body, headers=headers, total_s=None)
+        return list(await asyncio.gather(*(ask(sibling) for sibling in self._siblings())))
 
     def _siblings(self) -> list[Path]:
         return sorted(p for p in self.run_dir.glob("worker-*.sock") if p.stem != f"worker-{self.worker}")
 
-    async def _post(self, path: Path, route: str, body: bytes, headers: dict[str, str]) -> tuple[str, int, bytes]:
-        slot = path.stem.removeprefix("worker-")
+    async def _ask(
+        self,
+        method: str,
+        route: str,
+        sibling: Path,
+        *,
+        total_s: float | None,
+        data: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[str, int, bytes]:
+        """One request to a sibling over its private socket: (its slot, status, body); status 0 for
+        a sibling that did not answer (starting, draining or dead)."""
+        slot = sibling.stem.removeprefix("worker-")
+        timeout = aiohttp.ClientTimeout(total=total_s, sock_connect=PEER_SCRAPE_TIMEOUT_S)
         try:
             async with (
-                aiohttp.ClientSession(
-                    connector=aiohttp.UnixConnector(path=str(path)),
-                    # A load takes as long as its model does: bounded by the request's own deadline
-                    # on the sibling, not here.
-                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=PEER_SCRAPE_TIMEOUT_S),
-                ) as session,
-                session.post(f"http://worker{route}", data=body, headers={**self._headers, **headers}) as reply,
+                aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(sibling)), timeout=timeout) as session,
+                session.request(
+                    method, f"http://worker{route}", data=data, headers={**self._headers, **(headers or {})}
+                ) as reply,
             ):
                 return slot, reply.status, await reply.read()
         except (aiohttp.ClientError, TimeoutError, OSError):
-            return slot, 0, b""  # a worker starting, draining or dead
+            return slot, 0, b""
 
 
 class MaskserveWorker(Worker):  # type: ignore[misc]

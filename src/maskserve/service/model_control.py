@@ -198,6 +198,16 @@ class ModelControl:
 
     # -- loading --------------------------------------------------------------------------------
 
+    async def load_on_demand(self, name: str | None, deadline: float) -> None:
+        """With on-demand control, load ``name`` (the default model for None) first when it is a
+        known model not serving now, within ``deadline``. Every inference request asks this, on
+        every protocol; nothing is looked up unless the mode is on-demand."""
+        if self.mode != "on-demand":
+            return
+        wanted = self.service.default_name if name is None else name
+        if wanted not in self.service.models and self.knows(wanted):
+            await self.ensure(wanted, deadline)
+
     async def ensure(self, name: str, deadline: float) -> ServedModel:
         """The model ``name``, loading it first (on-demand control) within ``deadline``."""
         served = self.service.models.get(name)
