@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.servers import rss_bytes
 from tests.conftest import CONTROL_KEY
 from tests.live_server import ServerProcess, maskserve_process, start_maskserve, until
 from tests.models import build_bert
@@ -38,13 +39,6 @@ def index(url: str) -> dict[str, dict[str, str]]:
     status, body = post(url + "/v2/repository/index")
     assert status == 200, body
     return {entry["name"]: entry for entry in json.loads(body)}
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 @pytest.fixture
