@@ -68,7 +68,7 @@ class Calls:
         control: bool = False,
     ) -> T:
         """One unary RPC: ``body`` on the call's record; whatever it raises ends the call with the
-        status it stands for (``rpc/status.py``), counted and logged first. A ``control`` call needs
+        status it stands for (``rpc/status.py``), counted and logged. A ``control`` call needs
         the control key instead of the API key (its body checks it: :meth:`check_control`)."""
         metadata = tuple(context.invocation_metadata() or ())
         state = RequestState(id=request_id(metadata))
@@ -113,7 +113,10 @@ class Calls:
                     record_error(state, error)
                     status = error.status
         finally:
-            self._observe(method, state, status, time.perf_counter() - started)
+            # Counted and logged in the loop's next turn, once grpc holds the answer to send: the
+            # record is not on the call's path to its client (HTTP, too, writes its access line
+            # after the response), and the latency recorded is the call's, not its record's.
+            asyncio.get_running_loop().call_soon(self._observe, method, state, status, time.perf_counter() - started)
         return result, error
 
     def authorize(self, metadata: Sequence[tuple[str, Any]]) -> None:
