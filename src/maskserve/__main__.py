@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from maskserve.config.bounds import followed
 from maskserve.config.flags import load_settings
 from maskserve.config.model_configs import model_configs
+from maskserve.config.model_source import ModelLoadError, check_local_sources
 from maskserve.config.settings import Settings, SettingsError, flag_name
 from maskserve.http.app import SETTINGS_CHECKS, create_app
 from maskserve.observability.logs import configure_logging
@@ -29,6 +30,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     configure_logging(settings.log_level, settings.log_json)
     log_followed_defaults(settings)
+    try:
+        # Before the engine's imports, which take seconds: a folder that is not there fails now.
+        check_local_sources(model_configs(settings))
+    except ModelLoadError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
     # Until the server listens and installs its own handlers (serve.StopSignals), a stop signal
     # stops at once: there is nothing to drain yet. Without this, SIGTERM would be ignored while a
     # slow model loads when maskserve is a container's PID 1, and a deleted pod would wait out its
@@ -65,7 +72,7 @@ def _load_and_serve(settings: Settings) -> int:
         from maskserve.server.workers import run_workers
 
         return run_workers(settings)
-    from maskserve.engine import BackendUnavailable, ModelLoadError
+    from maskserve.engine import BackendUnavailable
 
     # The app loads the model at start-up, on its inference thread, before the port is opened: a
     # model that cannot be served exits non-zero with nothing half started.

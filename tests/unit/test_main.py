@@ -6,6 +6,8 @@ import json
 import logging
 import signal
 import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -75,6 +77,22 @@ def test_a_model_path_that_is_missing_or_a_file_exits_1_naming_the_folder(tmp_pa
         [line] = [line for line in output.splitlines() if "cannot start" in line]
         assert line.endswith(f"cannot start: {cases[kind][1]}"), f"{kind}: {line}"
         assert "Traceback" not in output, f"{kind}: {output}"
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_missing_model_folder_is_refused_before_torch_is_imported(workers: str, tmp_path: Path) -> None:
+    """A typo in --model fails at once: the check runs before the engine's imports, which take seconds."""
+    missing = tmp_path / "nowhere"
+    code = (
+        "import sys\n"
+        "from maskserve.__main__ import main\n"
+        f"status = main(['--model', {str(missing)!r}, '--workers', {workers!r}])\n"
+        "print('exit', status, 'torch imported' if 'torch' in sys.modules else 'torch not imported')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert result.stdout.strip() == "exit 1 torch not imported", result.stdout + result.stderr
+    assert f"cannot start: could not load model {str(missing)!r}: no such folder {missing}" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 @pytest.mark.slow

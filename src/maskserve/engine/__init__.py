@@ -28,12 +28,12 @@ those backends are imported by name, only when asked for.
 
 from __future__ import annotations
 
+from maskserve.config.model_source import ModelLoadError
 from maskserve.engine.base import FillMaskEngine
 from maskserve.engine.loading import load
 from maskserve.engine.pretrained import (
     DEFAULT_MODEL_PACKAGE,
     BackendUnavailable,
-    ModelLoadError,
     default_model_dir,
     resolve_device,
     resolve_dtype,

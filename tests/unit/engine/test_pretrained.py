@@ -1,5 +1,5 @@
-"""Loading a model (engine/pretrained.py): a path that is missing or a file, the refusals of models
-that cannot fill masks, the device, the loading log line, and the default model found without
+"""Loading a model (engine/pretrained.py): a missing folder refused on every backend, the refusals of
+models that cannot fill masks, the device, the loading log line, and the default model found without
 importing its package.
 
 Tests that take ``load_on_backend`` run on each backend (torch, onnxruntime, openvino).
@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from maskserve.engine import FillMaskEngine, ModelLoadError, default_model_dir, load_engine, resolve_device
-from maskserve.engine.pretrained import local_source
 from tests.models import build_bert, build_maskless
 
 Load = Callable[[str | None], FillMaskEngine]
@@ -41,60 +40,6 @@ def test_missing_folder_is_refused_naming_the_folder(tmp_path: Path, load_on_bac
     with pytest.raises(ModelLoadError) as caught:
         load_on_backend(str(missing))
     assert str(caught.value) == f"could not load model {str(missing)!r}: no such folder {missing}"
-
-
-@pytest.mark.parametrize(
-    ("given", "resolved"),
-    [
-        ("/nonexistent/model", "/nonexistent/model"),
-        ("./no-such-model", "{tmp}/work/no-such-model"),
-        ("../no-such-model", "{tmp}/no-such-model"),
-        ("~/models/bert", "{tmp}/home/models/bert"),
-    ],
-)
-def test_a_missing_path_is_refused_as_a_missing_folder_in_one_line(
-    given: str, resolved: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    (tmp_path / "work").mkdir()
-    monkeypatch.chdir(tmp_path / "work")
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    with pytest.raises(ModelLoadError) as caught:
-        local_source(given)
-    assert str(caught.value) == f"could not load model {given!r}: no such folder {resolved.format(tmp=tmp_path)}"
-
-
-@pytest.mark.parametrize("shape", ["absolute", "bare name"])
-def test_a_file_given_as_the_model_is_refused_as_a_file_not_a_folder(
-    shape: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    (tmp_path / "config.json").write_text("{}", encoding="utf-8")
-    monkeypatch.chdir(tmp_path)
-    given = str(tmp_path / "config.json") if shape == "absolute" else "config.json"
-    with pytest.raises(ModelLoadError) as caught:
-        local_source(given)
-    expected = (
-        f"could not load model {given!r}: {tmp_path / 'config.json'} is a file, not a folder: give the model's folder"
-    )
-    assert str(caught.value) == expected
-
-
-@pytest.mark.parametrize("given", ["google-bert/bert-base-uncased", "bert-base-uncased", "models/bert"])
-def test_hub_ids_and_bare_relative_names_are_left_to_transformers(
-    given: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.chdir(tmp_path)
-    assert local_source(given) == given
-
-
-def test_an_existing_folder_is_loaded_as_given_with_its_tilde_expanded(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("HOME", str(tmp_path))
-    (tmp_path / "bert").mkdir()
-    assert local_source("~/bert") == f"{tmp_path}/bert"
-    assert local_source(str(tmp_path / "bert")) == str(tmp_path / "bert")
-    monkeypatch.chdir(tmp_path)
-    assert local_source("./bert") == "./bert" and local_source(".") == "."
 
 
 def test_a_model_under_home_loads_from_its_tilde_path(bert_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
