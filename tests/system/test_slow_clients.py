@@ -158,6 +158,10 @@ async def test_connections_that_trickle_their_headers_are_closed_at_the_header_t
     assert await closed_by_server(default_server, "header_timeout") - before == 200
 
 
+# load: 48 answers of 4 MB each, computed and sent; on the lowest env's older transformers its
+# longest test by far. The lowest env checks the cut itself with the connection guard's and the
+# slow-client middleware's unit tests.
+@pytest.mark.load
 async def test_clients_that_never_read_a_large_answer_are_cut_and_the_memory_returns(
     large_answer_server: ServerProcess,
 ) -> None:
