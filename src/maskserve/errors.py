@@ -27,14 +27,18 @@ to the log only.
     │   │   ├── TooManyPredictions      422 too_many_predictions
     │   │   ├── ResponseTooLarge        422 response_too_large
     │   │   └── RequestTooCostly        422 request_too_costly
-    │   ├── ModelLoadFailed             400 model_load_failed   (the old model, if any, still serves)
+    │   ├── ModelConfigInvalid          400 model_config_invalid (a load's parameters.config; the old model serves)
+    │   ├── ModelNotLoadable            409 model_not_loadable  (its folder, as it stands: files missing, a bad maskserve.yaml)
     │   └── RateLimited                 429 rate_limited        (with Retry-After)
     ├── ServiceUnavailable              503 unavailable         (always with Retry-After)
     │   ├── Overloaded                  503 overloaded
     │   ├── ShuttingDown                503 shutting_down
-    │   └── TooManyConnections          503 too_many_connections (before the request is read)
+    │   ├── TooManyConnections          503 too_many_connections (before the request is read)
+    │   ├── ModelUnavailable            503 model_unavailable   (unloaded or swapped under an accepted request)
+    │   └── LoadsPaced                  503 loads_paced         (on-demand: every model that would make room is too new)
     ├── DeadlineExceeded                504 timeout
     ├── ModelsMemoryExceeded            507 models_memory_exceeded (nothing was unloaded for it)
+    ├── ModelLoadFailed                 500 model_load_failed   (the server's side: the engine, a sibling, a timeout)
     ├── InferenceFailed                 500 inference_failed
     └── InternalError                   500 internal
 
@@ -151,9 +155,26 @@ class ExtensionOff(NotFound):
     kind = "extension_off"
 
 
-class ModelLoadFailed(ClientError):
-    """A load or reload failed (the files, the settings, the probe); a model that served before
-    still serves. The message gives the reason, as the repository index does."""
+class ModelConfigInvalid(ClientError):
+    """A load's own settings (``parameters.config``) are not a model's settings: the client's
+    mistake, refused before anything is loaded or unloaded; a model that served before still serves."""
+
+    kind = "model_config_invalid"
+
+
+class ModelNotLoadable(ClientError):
+    """The model's folder cannot be loaded as it stands (weights or tokenizer files missing, as
+    while it is still being copied; a ``maskserve.yaml`` that is not a model's settings). Refused
+    before anything is evicted; the message names what is missing."""
+
+    status = 409
+    kind = "model_not_loadable"
+
+
+class ModelLoadFailed(MaskserveError):
+    """A load or reload failed on the server's side (the engine refused the files, the load outlasted
+    ``--model-load-timeout``, a sibling worker did not answer); a model that served before still
+    serves. The message gives the reason, as the repository index does; the log has the details."""
 
     kind = "model_load_failed"
 
@@ -295,6 +316,22 @@ class TooManyConnections(ServiceUnavailable):
 
     kind = "too_many_connections"
     reason = "connection_limit"
+
+
+class ModelUnavailable(ServiceUnavailable):
+    """The model this request was accepted for was unloaded (or swapped by a reload) before it ran:
+    a retry finds it again, or its replacement, or an on-demand load."""
+
+    kind = "model_unavailable"
+    reason = "model_unavailable"
+
+
+class LoadsPaced(ServiceUnavailable):
+    """On-demand control: this model could load only by evicting a model loaded on demand less than
+    ``--model-min-residency`` ago. Refused rather than thrashing; ``Retry-After`` says when one may go."""
+
+    kind = "loads_paced"
+    reason = "loads_paced"
 
 
 class DeadlineExceeded(MaskserveError):

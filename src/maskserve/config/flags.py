@@ -63,7 +63,14 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "cache_dir",
         "warmup",
     ),
-    "model repository": ("model_repository", "model_control_mode", "models_memory", "control_key"),
+    "model repository": (
+        "model_repository",
+        "model_control_mode",
+        "models_memory",
+        "model_load_timeout",
+        "model_min_residency",
+        "control_key",
+    ),
     "batching": ("max_batch_size", "max_batch_tokens", "max_batch_delay", "max_queue"),
     "admission and limits": (
         "request_timeout",

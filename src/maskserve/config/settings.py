@@ -90,6 +90,22 @@ class Settings:
         "least recently used idle models; if that is not enough it is refused (507) and nothing is "
         "unloaded. Unset: no budget.",
     )
+    model_load_timeout: float = _setting(
+        600.0,
+        values.positive_float,
+        "Seconds a run-time load (its files read, any export, its warm-up) may take before it is "
+        "abandoned: the model stays unavailable (or a reload's old model keeps serving), its memory "
+        "is handed back and later loads of it may start. Long enough for a first export of a large "
+        "model; short enough that a hung load does not block that model's loads for ever.",
+    )
+    model_min_residency: float = _setting(
+        30.0,
+        values.non_negative_float,
+        "Seconds a model loaded on demand stays loaded before an on-demand load may evict it to make "
+        "room. Requests alternating among more models than fit would otherwise evict and load on "
+        "every turn; within this time such a request is answered 503 with Retry-After instead. "
+        "Explicit unloads and loads are not held by it. 0: no pacing.",
+    )
     device: str = _setting("cpu", values.choice("cpu", "cuda", "auto"), "cpu, cuda, or auto (cuda when present).")
     dtype: str = _setting(
         "auto",

@@ -20,7 +20,14 @@ from aiohttp import hdrs
 
 from maskserve.config.model_repository import config_overrides
 from maskserve.config.settings import NamedSettingsError
-from maskserve.errors import ExtensionOff, InvalidInput, MaskserveError, ModelLoadFailed, errors_by_kind
+from maskserve.errors import (
+    ExtensionOff,
+    InvalidInput,
+    MaskserveError,
+    ModelConfigInvalid,
+    ModelLoadFailed,
+    errors_by_kind,
+)
 from maskserve.observability.metrics import Peers
 from maskserve.service.model_control import IndexEntry, ModelControl
 from maskserve.service.registry import FillMaskService
@@ -65,7 +72,7 @@ def load_overrides(name: str, parameters: dict[str, Any]) -> dict[str, Any] | No
     try:
         return config_overrides(config)
     except NamedSettingsError as exc:
-        raise ModelLoadFailed(f"model {name!r}: {exc}") from None
+        raise ModelConfigInvalid(f"model {name!r}: {exc}") from None
 
 
 async def everywhere(

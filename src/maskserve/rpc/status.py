@@ -6,10 +6,13 @@ retry, in gRPC's own ``grpc-retry-pushback-ms``).
     Unauthorized                               UNAUTHENTICATED
     Forbidden                                  PERMISSION_DENIED  (a control call without its key)
     NotFound                                   NOT_FOUND          (an unknown model or version)
+    ModelNotLoadable                           FAILED_PRECONDITION (its folder, as it stands)
     ExtensionOff                               UNIMPLEMENTED      (the repository RPCs, control off)
     PayloadTooLarge, RateLimited               RESOURCE_EXHAUSTED
     ModelsMemoryExceeded                       RESOURCE_EXHAUSTED (a load beyond --models-memory)
-    ServiceUnavailable (overloaded, draining)  UNAVAILABLE        with grpc-retry-pushback-ms
+    ServiceUnavailable (overloaded, draining,  UNAVAILABLE        with grpc-retry-pushback-ms
+      a model gone under the call, paced loads)
+    ModelLoadFailed (the server's side)        INTERNAL           with the load's reason
     DeadlineExceeded                           DEADLINE_EXCEEDED
     anything else                              INTERNAL           the fixed message and the request id
 
@@ -30,6 +33,7 @@ from maskserve.errors import (
     ExtensionOff,
     Forbidden,
     MaskserveError,
+    ModelNotLoadable,
     ModelsMemoryExceeded,
     NotFound,
     PayloadTooLarge,
@@ -55,6 +59,7 @@ def status_code(error: MaskserveError) -> grpc.StatusCode:
         (ExtensionOff, grpc.StatusCode.UNIMPLEMENTED),
         (ModelsMemoryExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
         (NotFound, grpc.StatusCode.NOT_FOUND),
+        (ModelNotLoadable, grpc.StatusCode.FAILED_PRECONDITION),
         (PayloadTooLarge, grpc.StatusCode.RESOURCE_EXHAUSTED),
         (RateLimited, grpc.StatusCode.RESOURCE_EXHAUSTED),
         (ClientError, grpc.StatusCode.INVALID_ARGUMENT),

@@ -41,7 +41,10 @@ from maskserve.config.model_repository import ModelRepository, NotInRepository
 from maskserve.config.settings import NamedSettingsError
 from maskserve.errors import (
     DeadlineExceeded,
+    MaskserveError,
+    ModelConfigInvalid,
     ModelLoadFailed,
+    ModelNotLoadable,
     ModelNotLoaded,
     ModelsMemoryExceeded,
     NotFound,
@@ -268,7 +271,7 @@ class ModelControl:
             await start_model(self.service, served, engine, self.scheduler, self.tokenizer)
         except BaseException as exc:
             self._reserved.pop(name, None)
-            failed = exc if isinstance(exc, ModelLoadFailed | ModelsMemoryExceeded | NotFound) else None
+            failed = exc if isinstance(exc, MaskserveError) else None
             why = failed.message if failed is not None else "an unexpected error; the server log has it"
             result = "refused" if isinstance(exc, ModelsMemoryExceeded) else "failed"
             if old is not None:
@@ -300,21 +303,33 @@ class ModelControl:
         await self._return_memory()
 
     def _config(self, name: str, overrides: dict[str, Any] | None) -> ModelConfig:
+        """The configuration a load of ``name`` applies: its folder's settings file is read afresh
+        (a fault there is the folder's, 409), then the load's own overrides (a fault there is the
+        client's, 400)."""
         settings = self.service.settings
+        in_repository = self.repository is not None and name in self.repository.names()
         try:
             # A repository model's settings file is read afresh on every load, whether or not
             # the model was named at start.
-            if self.repository is not None and name in self.repository.names():
+            if in_repository:
+                assert self.repository is not None
                 try:
-                    return self.repository.config(name, settings, overrides)
+                    config = self.repository.config(name, settings)
                 except NotInRepository as exc:
                     raise NotFound(str(exc)) from None
-            config = self.started_configs[name]
-            if not overrides:
-                return config
+            else:
+                config = self.started_configs[name]
+        except NamedSettingsError as exc:
+            raise ModelNotLoadable(str(exc)) from None
+        if not overrides:
+            return config
+        try:
+            if in_repository:
+                assert self.repository is not None
+                return self.repository.config(name, settings, overrides)
             return ModelConfig(name, config.source, with_overrides(config.settings, overrides, f"model {name!r}"))
         except NamedSettingsError as exc:
-            raise ModelLoadFailed(str(exc)) from None
+            raise ModelConfigInvalid(str(exc)) from None
 
     def _measured_load(self, config: ModelConfig) -> tuple[FillMaskModel, int]:
         """On the loader thread: the engine, and its size: the resident bytes its load added, or its

@@ -140,7 +140,7 @@ async def test_a_failed_reload_keeps_the_old_model_serving_and_says_why(
     assert refused.status == 400 and "max_batch_size" in (await refused.json())["error"]
     (repository / "beta" / "config.json").write_text("{not json", encoding="utf-8")
     failed = await client.post("/v2/repository/models/beta/load", headers=CONTROL)
-    assert failed.status == 400 and (await failed.json())["error_type"] == "model_load_failed"
+    assert failed.status == 500 and (await failed.json())["error_type"] == "model_load_failed"
     entry = (await index(client))["beta"]
     assert entry["state"] == "READY" and entry["reason"].startswith("reload failed, the old model serves")
     assert await (await client.post("/models/beta", data=PARIS)).json() == before

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from maskserve.errors import InvalidInput, ModelLoadFailed, ModelsMemoryExceeded
+from maskserve.errors import InvalidInput, ModelConfigInvalid, ModelLoadFailed, ModelsMemoryExceeded
 from maskserve.request.model_repository import ACTOR_HEADER, PEER_HEADER, everywhere, load_overrides, merged_index
 from maskserve.service.registry import FillMaskService
 
@@ -46,7 +46,7 @@ def test_a_loads_config_becomes_settings_and_model_files_are_refused() -> None:
     with pytest.raises(InvalidInput, match="files cannot be sent") as sent:
         load_overrides("beta", {"file:1/model.onnx": "d2VpZ2h0cw=="})
     assert sent.value.field == "parameters.file:1/model.onnx"
-    with pytest.raises(ModelLoadFailed, match="model 'beta': the load's config is not JSON"):
+    with pytest.raises(ModelConfigInvalid, match="model 'beta': the load's config is not JSON"):
         load_overrides("beta", {"config": "{"})
 
 
