@@ -90,6 +90,9 @@ def _load_and_serve(settings: Settings) -> int:
     except GrpcPortUnavailable as exc:  # its message names the gRPC address
         log.error("cannot start: %s", exc)
         return 2
+    except SettingsError as exc:  # a setting the models cannot live with (--models-memory): it names them
+        log.error("cannot start: %s", exc)
+        return 2
     except OSError as exc:
         # Port taken, address not on this machine, no permission: a setting that cannot be used
         # here (exit 2, as for a bad value), the operator's to fix; a traceback would only hide

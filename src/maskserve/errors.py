@@ -27,8 +27,8 @@ to the log only.
     │   │   ├── TooManyPredictions      422 too_many_predictions
     │   │   ├── ResponseTooLarge        422 response_too_large
     │   │   └── RequestTooCostly        422 request_too_costly
-    │   ├── ModelConfigInvalid          400 model_config_invalid (a load's parameters.config; the old model serves)
-    │   ├── ModelNotLoadable            409 model_not_loadable  (its folder, as it stands: files missing, a bad maskserve.yaml)
+    │   ├── ModelConfigInvalid          400 model_config_invalid (a load's parameters.config)
+    │   ├── ModelNotLoadable            409 model_not_loadable  (its folder as it stands: files missing, bad yaml)
     │   └── RateLimited                 429 rate_limited        (with Retry-After)
     ├── ServiceUnavailable              503 unavailable         (always with Retry-After)
     │   ├── Overloaded                  503 overloaded

@@ -3,6 +3,7 @@ named as the model, with an optional ``maskserve.yaml`` of its own settings.
 
     models/
     ├── bert-base/              config.json, tokenizer and weights, as save_pretrained writes them
+    │                           (a folder with only some of them is listed, and refused as incomplete)
     │   └── maskserve.yaml      optional: {backend: onnxruntime, max_batch_size: 16, ...}
     └── legal-bert/
 
@@ -28,12 +29,11 @@ from maskserve.config.model_configs import (
     validated,
     with_overrides,
 )
+from maskserve.config.model_files import looks_like_model, missing_parts
 from maskserve.config.settings import NamedSettingsError, Settings
 
 # The per-model settings file inside a model's folder.
 SETTINGS_FILE = "maskserve.yaml"
-# What marks a folder as a model: the file every saved transformers model has.
-MODEL_MARKER = "config.json"
 
 
 class NotInRepository(LookupError):
@@ -72,9 +72,14 @@ class ModelRepository:
         folder = (root / name).resolve()
         if folder == root or not folder.is_relative_to(root):
             raise NotInRepository(f"{name!r} leaves the model repository")
-        if not (folder / MODEL_MARKER).is_file():
+        if not folder.is_dir() or not looks_like_model(folder):
             raise NotInRepository(f"no model named {name!r} in the model repository")
         return folder
+
+    def missing(self, name: str) -> list[str]:
+        """What the model folder ``name`` lacks to be loaded (a copy still under way): empty for a
+        whole model. Raises :class:`NotInRepository` as :meth:`folder` does."""
+        return missing_parts(self.folder(name))
 
     def config(self, name: str, settings: Settings, overrides: dict[str, Any] | None = None) -> ModelConfig:
         """The model ``name`` with its settings file's values, then ``overrides`` (a load's).

@@ -28,7 +28,7 @@ from maskserve.model_api import FillMaskModel, ModelSpec
 from maskserve.request.keys import SERVICE_KEY
 from maskserve.service.health import ready
 from maskserve.service.model_control import ModelControl
-from maskserve.service.model_parts import start_model
+from maskserve.service.model_loader import LoadEngine
 from maskserve.service.registry import FillMaskService, Loaded
 from maskserve.serving.memory import IdleTrimmer, models_memory_budget, release_freed_memory
 from maskserve.serving.scheduler import Scheduler
@@ -84,15 +84,30 @@ def load_models(configs: Sequence[ModelConfig]) -> dict[str, FillMaskModel]:
     return {config.name: load_engine(config, alone=len(configs) == 1) for config in configs}
 
 
-def load_served_engine(config: ModelConfig) -> FillMaskModel:
-    """Load one model while serving (the model repository's loads): an engine's refusal becomes
-    the load's failure, with its reason for the repository index."""
-    from maskserve.engine import BackendUnavailable, ModelLoadError
+def engine_loader(engines: Mapping[str, FillMaskModel] | None, alone: bool) -> LoadEngine:
+    """How the model control loads an engine. At start, the engines handed in (tests, benchmarks)
+    stand for the models named at start, and a refusal stops the start-up as the engine raised it;
+    while serving, a refusal becomes the load's failure, with its reason for the repository index."""
 
-    try:
-        return load_engine(config)
-    except (ModelLoadError, BackendUnavailable) as exc:
-        raise ModelLoadFailed(str(exc)) from exc
+    def load(config: ModelConfig, at_start: bool) -> FillMaskModel:
+        from maskserve.engine import BackendUnavailable, ModelLoadError
+
+        if at_start and engines is not None:
+            return engines[config.name]
+        try:
+            return load_engine(config, alone=at_start and alone)
+        except (ModelLoadError, BackendUnavailable) as exc:
+            if at_start:
+                raise
+            raise ModelLoadFailed(str(exc)) from exc
+
+    return load
+
+
+def import_engine() -> None:
+    """The engine's libraries, imported before the first load is measured: their one-time cost is
+    the runtime's, not the first model's."""
+    import maskserve.engine  # noqa: F401
 
 
 def load_model(settings: Settings) -> FillMaskModel:
@@ -102,13 +117,17 @@ def load_model(settings: Settings) -> FillMaskModel:
 
 def inference_thread() -> ThreadPoolExecutor:
     """The one inference thread: the model never runs two batches at once, and torch's own
-    intra-op threads (sized to the cores we have) do the parallel work.
-
-    Load the models on it too (``submit(load_models, configs)``): torch keeps thread-local state
-    (its OpenMP team, the thread counts it set), and a model loaded on one thread and run on
-    another runs measurably slower per text (``benchmarks/profile_request.py`` shows it).
-    """
+    intra-op threads (sized to the cores we have) do the parallel work. Models load elsewhere (the
+    model control's loads): the engine sets its thread count on the thread that runs each pass."""
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="maskserve-inference")
+
+
+def worker_budget(settings: Settings) -> int | None:
+    """This process's share of ``--models-memory``: with ``--workers N`` every worker holds its own
+    copy of every model it serves, so each may hold a ``1/N`` share and the server together never
+    passes the budget."""
+    budget = models_memory_budget(settings)
+    return None if budget is None else budget // max(1, settings.workers)
 
 
 def inference_context(
@@ -121,20 +140,28 @@ def inference_context(
         service = app[SERVICE_KEY]
         executor = thread or inference_thread()
         loop = asyncio.get_running_loop()
-        configs = [served.config for served in service.models.values()]
-        loaded = dict(engines) if engines is not None else await loop.run_in_executor(executor, load_models, configs)
         scheduler = Scheduler(executor)
         # One thread, so that tokenizing long texts takes at most one core from the models.
         tokenizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="maskserve-tokenizer")
-        for served in service.models.values():
-            await start_model(service, served, loaded[served.name], scheduler, tokenizer)
         task = asyncio.create_task(scheduler.run(), name="maskserve-batch-loop")
         service.loaded = Loaded(scheduler, task)
         control = service.control = ModelControl(
-            service, scheduler, tokenizer, load_served_engine, budget_bytes=models_memory_budget(service.settings)
+            service.table,
+            scheduler,
+            tokenizer,
+            engine_loader(engines, alone=len(service.models) == 1),
+            budget_bytes=worker_budget(service.settings),
+            prepare=None if engines is not None else import_engine,
         )
-        for name, engine in loaded.items():
-            control.started(name, engine)
+        try:
+            # The models named at start take the one load path every model takes (model_control).
+            await control.start()
+        except BaseException:
+            task.cancel()
+            tokenizer.shutdown(wait=False, cancel_futures=True)
+            if thread is None:
+                executor.shutdown(wait=False, cancel_futures=True)
+            raise
         service.metrics.watch_models(control.models_state)
         service.metrics.watch_readiness(lambda: ready(service).ok)
         # What loading and warming up freed goes back to the system now, and what traffic frees

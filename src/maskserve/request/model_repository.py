@@ -29,7 +29,8 @@ from maskserve.errors import (
     errors_by_kind,
 )
 from maskserve.observability.metrics import Peers
-from maskserve.service.model_control import IndexEntry, ModelControl
+from maskserve.service.model_catalog import IndexEntry
+from maskserve.service.model_control import ModelControl
 from maskserve.service.registry import FillMaskService
 
 PEER_HEADER = "X-Maskserve-Peer"

@@ -15,7 +15,7 @@ import logging
 from concurrent.futures import Executor
 
 from maskserve.model_api import FillMaskModel
-from maskserve.service.registry import FillMaskService, ModelParts, ServedModel
+from maskserve.service.served_model import ModelParts, ModelTable, ServedModel
 from maskserve.serving.admission import Admission
 from maskserve.serving.batcher import Batcher
 from maskserve.serving.scheduler import Scheduler
@@ -24,10 +24,10 @@ log = logging.getLogger("maskserve")
 
 
 async def start_model(
-    service: FillMaskService, served: ServedModel, engine: FillMaskModel, scheduler: Scheduler, tokenizer: Executor
+    table: ModelTable, served: ServedModel, engine: FillMaskModel, scheduler: Scheduler, tokenizer: Executor
 ) -> ModelParts:
     """``engine`` as ``served``'s parts: its lane, warmed up (when the settings say so), admitted
-    and observed. The caller then makes it reachable (``service.models``)."""
+    and observed. The caller then makes it reachable (``table.models``)."""
     batcher = Batcher(engine, scheduler.executor, served.settings, scheduler=scheduler, name=served.name)
     if served.settings.warmup:
         # Before any request can reach it: its passes are no one's, and admission starts from
@@ -45,14 +45,14 @@ async def start_model(
             batcher.forecast.stall_budget(served.settings.stall_timeout),
         )
     parts = served.parts = ModelParts(engine, batcher, Admission(batcher), tokenizer)
-    service.metrics.attach(batcher, parts.admission, served.name)
-    for listener in service.model_listeners:
+    table.metrics.attach(batcher, parts.admission, served.name)
+    for listener in table.listeners:
         listener(served)
     return parts
 
 
-async def retire_model(service: FillMaskService, served: ServedModel, scheduler: Scheduler) -> None:
-    """Once ``served`` is out of ``service.models``: answer what it accepted, then release it."""
+async def retire_model(table: ModelTable, served: ServedModel, scheduler: Scheduler) -> None:
+    """Once ``served`` is out of ``table.models``: answer what it accepted, then release it."""
     parts = served.parts
     if parts is None:
         return
@@ -68,7 +68,7 @@ async def retire_model(service: FillMaskService, served: ServedModel, scheduler:
     served.released = True
     scheduler.remove(parts.batcher)
     # Its series go with it, unless a reload's model of the same name carries them on.
-    service.metrics.detach(parts.batcher, served.name, series=service.models.get(served.name) is None)
+    table.metrics.detach(parts.batcher, served.name, series=table.models.get(served.name) is None)
     served.parts = None
     parts.batcher.listeners.clear()
     # A round trip through the inference thread: the thread drops its last pass's work item (and

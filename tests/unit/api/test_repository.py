@@ -138,13 +138,18 @@ async def test_a_failed_reload_keeps_the_old_model_serving_and_says_why(
     bad_config = {"parameters": {"config": json.dumps({"max_batch_size": 0})}}
     refused = await client.post("/v2/repository/models/beta/load", json=bad_config, headers=CONTROL)
     assert refused.status == 400 and "max_batch_size" in (await refused.json())["error"]
+    # A config the folder cannot load as it stands (the folder's, 409), then one the engine refuses
+    # (the server's side, 500).
     (repository / "beta" / "config.json").write_text("{not json", encoding="utf-8")
+    broken = await client.post("/v2/repository/models/beta/load", headers=CONTROL)
+    assert broken.status == 409 and "config.json" in (await broken.json())["error"]
+    (repository / "beta" / "config.json").write_text('{"model_type": "nosuch"}', encoding="utf-8")
     failed = await client.post("/v2/repository/models/beta/load", headers=CONTROL)
     assert failed.status == 500 and (await failed.json())["error_type"] == "model_load_failed"
     entry = (await index(client))["beta"]
     assert entry["state"] == "READY" and entry["reason"].startswith("reload failed, the old model serves")
     assert await (await client.post("/models/beta", data=PARIS)).json() == before
-    assert changes(client, "beta", "reload", result="failed") == 2
+    assert changes(client, "beta", "reload", result="failed") == 3
 
 
 async def test_a_reload_with_a_config_applies_its_settings(make_client: ClientFactory, model_repository: Path) -> None:

@@ -22,6 +22,8 @@ OTHER_VALUES: dict[str, tuple[str, object]] = {
     "model_repository": ("/srv/models", "/srv/models"),
     "model_control_mode": ("on-demand", "on-demand"),
     "models_memory": ("1500MiB", "1500MiB"),
+    "model_load_timeout": ("120", 120.0),
+    "model_min_residency": ("0", 0.0),
     "control_key": ("c" * 20, "c" * 20),
     "device": ("auto", "auto"),
     "dtype": ("float16", "float16"),
@@ -111,6 +113,8 @@ BAD_VALUES: dict[str, str] = {
     "api_key": "short",
     "model_control_mode": "poll",
     "models_memory": "lots",
+    "model_load_timeout": "0",
+    "model_min_residency": "-1",
     "control_key": "short",
     "cors_origins": "ftp://files.example.com",
 }

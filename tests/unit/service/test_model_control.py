@@ -22,7 +22,7 @@ async def control_of(make_client: ClientFactory, repository: Path, mode: str = "
 
 
 def loads(control: ModelControl, name: str, action: str = "load") -> float:
-    value = control.service.metrics.registry.get_sample_value(
+    value = control.table.metrics.registry.get_sample_value(
         "maskserve_model_changes_total", {"model": name, "action": action, "reason": "request", "result": "ok"}
     )
     return value or 0.0
@@ -34,7 +34,7 @@ async def test_loads_asking_the_same_are_one_and_another_config_reloads_after(
     control = await control_of(make_client, model_repository)
     await asyncio.gather(control.load("beta"), control.load("beta"), control.load("beta", {"max_top_k": 3}))
     assert loads(control, "beta") == 1 and loads(control, "beta", "reload") == 1
-    assert control.service.models["beta"].settings.max_top_k == 3
+    assert control.table.models["beta"].settings.max_top_k == 3
 
 
 async def test_a_load_asked_while_the_model_unloads_waits_and_loads_it_again(
@@ -46,7 +46,7 @@ async def test_a_load_asked_while_the_model_unloads_waits_and_loads_it_again(
     await asyncio.sleep(0)
     assert control.records["beta"].state == "UNLOADING"
     await control.load("beta")
-    assert unloading.done() and control.records["beta"].state == "READY" and "beta" in control.service.models
+    assert unloading.done() and control.records["beta"].state == "READY" and "beta" in control.table.models
 
 
 async def test_a_model_named_at_start_is_charged_its_weights_not_the_runtimes_start(
@@ -73,7 +73,7 @@ async def test_on_demand_loads_once_for_many_waiting_requests(
     deadline = asyncio.get_running_loop().time() + 30
     served = await asyncio.gather(*(control.ensure("gamma", deadline) for _ in range(5)))
     assert len({id(model) for model in served}) == 1
-    on_demand = control.service.metrics.registry.get_sample_value(
+    on_demand = control.table.metrics.registry.get_sample_value(
         "maskserve_model_changes_total", {"model": "gamma", "action": "load", "reason": "on_demand", "result": "ok"}
     )
     assert on_demand == 1

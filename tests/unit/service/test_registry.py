@@ -20,13 +20,8 @@ from maskserve.errors import DeadlineExceeded, NotFound, ShuttingDown
 from maskserve.model_api import FillMaskModel, Query
 from maskserve.observability.request_trace import NO_TRACE
 from maskserve.request.keys import SERVICE_KEY
-from maskserve.service.registry import (
-    INLINE_DECODE_TOKENS,
-    INLINE_TOKENIZE_CHARS,
-    FillMaskService,
-    RouteRoles,
-    ServedModel,
-)
+from maskserve.service.registry import FillMaskService, RouteRoles
+from maskserve.service.served_model import INLINE_DECODE_TOKENS, INLINE_TOKENIZE_CHARS, ServedModel
 from maskserve.serving.work_queue import Answer
 from maskserve.tasks.fill_mask_request import FillMaskRequest
 from tests.conftest import ClientFactory
