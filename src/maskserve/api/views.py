@@ -8,7 +8,7 @@ import logging
 from aiohttp import web
 
 from maskserve.errors import ResponseTooLarge
-from maskserve.observability.metrics import merge_expositions
+from maskserve.observability.peers import merge_expositions
 from maskserve.request.keys import service_of
 from maskserve.request.run_task import (
     model_for_work,

@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from maskserve.config.model_configs import (
+from maskserve.config.model_settings import (
     MODEL_SETTINGS_SCHEMA,
     NAME_PATTERN,
     ModelConfig,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from maskserve.config.model_configs import ModelConfig
+from maskserve.config.model_settings import ModelConfig
 
 # What makes a source a path rather than a hub id: a hub id never starts with any of these.
 PATH_PREFIXES = ("/", "./", "../", "~")

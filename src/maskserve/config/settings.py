@@ -11,14 +11,12 @@ oneDNN's ``ONEDNN_MAX_CPU_ISA``, only to report the kernels that torch and OpenV
 from __future__ import annotations
 
 import dataclasses
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from maskserve.config import values
-from maskserve.config.cpus import available_cpus
+from maskserve.config.derived_settings import DerivedSettings
 
 ENV_PREFIX = "MASKSERVE_"
 
@@ -37,8 +35,10 @@ def _setting(default: Any, parse: Callable[[str], Any], help: str, **extra: Any)
 
 
 @dataclass(frozen=True)
-class Settings:
-    """One frozen object holding every setting; build it with :func:`load_settings`."""
+class Settings(DerivedSettings):
+    """One frozen object holding every setting; build it with :func:`load_settings`. What the
+    settings imply together (threads, cache folder, masks a text may hold) is derived by the
+    methods of :class:`~maskserve.config.derived_settings.DerivedSettings`."""
 
     host: str = _setting("127.0.0.1", str, "Address to bind. Use 0.0.0.0 to serve other machines.")
     port: int = _setting(8000, values.port, "TCP port to listen on.")
@@ -379,48 +379,6 @@ class Settings:
     # opposed to defaults: only these are held fixed when a default moves to fit (settings_from).
     # Not a setting: no flag, no variable, and no part of equality.
     given: frozenset[str] = field(default=frozenset(), compare=False)
-
-    def masks_allowed(self, tokens: int, model_tokens: int) -> int:
-        """The most masks a text of ``tokens`` tokens may hold, on a model that reads ``model_tokens``.
-
-        By default ``--max-masks-per-text`` for each model length of the text, rounded up: a long
-        text is read in windows of the model's length, each as costly as a text, so a document holds
-        as many masks a window as a sentence does. A value the user set holds for any text.
-        """
-        if "max_masks_per_text" in self.given:
-            return self.max_masks_per_text
-        return self.max_masks_per_text * max(1, -(-tokens // model_tokens))
-
-    def text_predictions(self, model_tokens: int) -> int:
-        """The most predictions one text may ask for: its masks x top_k, within a request's limit."""
-        return min(self.masks_allowed(self.max_text_tokens, model_tokens) * self.max_top_k, self.max_predictions)
-
-    @property
-    def max_json_depth(self) -> int:
-        """How deeply a JSON body may nest. A valid body nests three levels ({"parameters":
-        {"targets": [...]}}); the slack is for "options". Checked before schema validation, whose
-        error messages repr the instance recursively: a body nested near Python's recursion limit
-        would otherwise end in a 500. Not a setting: no valid request comes near it."""
-        return 32
-
-    def resolved_threads(self) -> int:
-        """The most threads a forward pass may use: ``--threads``, or this process's share of the
-        usable CPUs (all of them with one worker)."""
-        return self.threads if self.threads > 0 else max(1, available_cpus() // self.workers)
-
-    def resolved_cache_dir(self, env: Mapping[str, str] | None = None) -> Path:
-        """``--cache-dir``, or ``$XDG_CACHE_HOME/maskserve``, or ``~/.cache/maskserve``."""
-        if self.cache_dir is not None:
-            return Path(self.cache_dir).expanduser()
-        xdg = (os.environ if env is None else env).get("XDG_CACHE_HOME", "")
-        # The XDG spec ignores a relative XDG_CACHE_HOME.
-        base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
-        return base / "maskserve"
-
-    @property
-    def adaptive_threads(self) -> bool:
-        """Whether small batches run on one torch thread (``--threads 0``, see engine.ThreadPolicy)."""
-        return self.threads == 0
 
 
 def flag_name(name: str) -> str:

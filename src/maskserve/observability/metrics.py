@@ -7,15 +7,15 @@ name clients use for it; a request that named no served model (a probe, an unkno
 Each app owns a :class:`prometheus_client.CollectorRegistry` (never the process-global one), so
 several apps in one process, as in the tests, keep separate counts. Request figures come from
 ``middleware/request_metrics.py``, batch figures from a batcher listener (on the event loop, once per
-forward pass), and the live state (queue depth, drops, refusals) is read at scrape time, so it
-can never drift from the batcher's own counters.
+forward pass), and the live state (queue depth, drops, refusals) is read at scrape time
+(``live_state.py``), so it can never drift from the batcher's own counters. With ``--workers``,
+one scrape reports every worker (``peers.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -26,16 +26,18 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.registry import Collector
 
 from maskserve import __version__
 from maskserve.model_api import describe_model
+from maskserve.observability.live_state import ConnectionState, Lane, ServingState
+
+# They live in live_state.py and peers.py; "as" names them here too, for the modules that import them from here.
+from maskserve.observability.live_state import ModelsState as ModelsState
+from maskserve.observability.peers import Peers as Peers
 from maskserve.serving.admission import Admission
 from maskserve.serving.batcher import Batcher
-from maskserve.serving.connection_guard import CLOSE_REASONS, ConnectionGuard
-from maskserve.serving.costs import ONE_TEXT, BatchReport
+from maskserve.serving.connection_guard import ConnectionGuard
+from maskserve.serving.costs import BatchReport
 from maskserve.serving.work_queue import Answer
 
 # Seconds, from a cache-warm small model (about a millisecond) to the default deadline and past it.
@@ -46,10 +48,6 @@ RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 # Windows a text is read in: 1 for a text the model reads whole; a text at --max-text-tokens takes a few
 # (one per group of asked positions), a long text scored takes one per half window or so.
 WINDOW_BUCKETS = (1, 2, 3, 4, 6, 8, 16, 32, 64)
-
-# Every refusal reason admission counts, exported at 0 before the first one happens, so that
-# rate() and alerts see the series from the start.
-REFUSAL_REASONS = ("queue_full", "predicted_timeout", "shutting_down")
 
 
 class Metrics:
@@ -143,7 +141,7 @@ class Metrics:
             ["model", "action", "reason", "result"],
             registry=registry,
         )
-        self._state = _ServingState()
+        self._state = ServingState()
         registry.register(self._state)
         # The process's own figures (start time, CPU, memory, open files), on this app's registry:
         # a restart shows as a new start time, not only as counters that fell back to zero.
@@ -151,7 +149,7 @@ class Metrics:
 
     def watch_connections(self, guard: ConnectionGuard) -> None:
         """Export the client connections' figures, read from ``guard`` at scrape time."""
-        self.registry.register(_ConnectionState(guard))
+        self.registry.register(ConnectionState(guard))
 
     def attach(self, batcher: Batcher, admission: Admission | None = None, model_name: str | None = None) -> None:
         """Start observing one model's batches, and export its state (and admission's) at scrape time.
@@ -164,7 +162,7 @@ class Metrics:
         description = describe_model(batcher.model)
         load_seconds = description.get("load_seconds")
         self._state.lanes.append(
-            _Lane(name, batcher, admission, float(load_seconds) if isinstance(load_seconds, int | float) else None)
+            Lane(name, batcher, admission, float(load_seconds) if isinstance(load_seconds, int | float) else None)
         )
         self.model_info.labels(model=name).info(
             {
@@ -282,85 +280,6 @@ class ModelStatistics:
     queued_s: float
 
 
-@dataclass(frozen=True)
-class _Lane:
-    """One model's live parts, read at scrape time."""
-
-    name: str
-    batcher: Batcher
-    admission: Admission | None
-    load_seconds: float | None
-
-
-class _ServingState(Collector):
-    """Figures read from the batchers and admissions when scraped, so they never drift from them."""
-
-    def __init__(self) -> None:
-        self.lanes: list[_Lane] = []
-        self.ready: Callable[[], bool] | None = None
-        self.models: Callable[[], ModelsState] | None = None
-
-    def collect(self) -> Iterator[Metric]:
-        if self.models is not None:
-            yield from _models_families(self.models())
-        lanes = self.lanes
-        if not lanes:  # the models are not loaded yet
-            return
-        if self.ready is not None:
-            yield GaugeMetricFamily(
-                "maskserve_ready",
-                "1 while /readyz answers 200 (loaded, not draining, not stuck), else 0; never load.",
-                value=1.0 if self.ready() else 0.0,
-            )
-        depth = GaugeMetricFamily("maskserve_queue_depth", "Texts waiting for each model now.", labels=["model"])
-        limit = GaugeMetricFamily(
-            "maskserve_queue_limit", "Most texts that may wait for each model (--max-queue).", labels=["model"]
-        )
-        wait = GaugeMetricFamily(
-            "maskserve_predicted_wait_seconds",
-            "Predicted wait for one more text of each model now, from the measured cost and the other "
-            "models' fair share; admission refuses at the door by it.",
-            labels=["model"],
-        )
-        dropped = CounterMetricFamily(
-            "maskserve_dropped_texts",
-            "Texts removed from a model's queue without a forward pass: deadline passed or sure to pass "
-            "(expired), or client gone (abandoned).",
-            labels=["model", "reason"],
-        )
-        refused = CounterMetricFamily(
-            "maskserve_refused_requests",
-            "Requests admission refused with 503, at the door or once parsed, by model and reason.",
-            labels=["model", "reason"],
-        )
-        load = GaugeMetricFamily(
-            "maskserve_model_load_seconds", "Seconds each model took to load at start-up.", labels=["model"]
-        )
-        for lane in lanes:
-            batcher = lane.batcher
-            depth.add_metric([lane.name], batcher.depth)
-            limit.add_metric([lane.name], batcher.settings.max_queue)
-            wait.add_metric([lane.name], batcher.predicted_wait(ONE_TEXT))
-            dropped.add_metric([lane.name, "expired"], batcher.drops.expired)
-            dropped.add_metric([lane.name, "abandoned"], batcher.drops.abandoned)
-            if lane.admission is not None:
-                counts = lane.admission.refused
-                for reason in sorted(set(REFUSAL_REASONS) | set(counts)):
-                    refused.add_metric([lane.name, reason], counts[reason])
-            if lane.load_seconds is not None:
-                load.add_metric([lane.name], lane.load_seconds)
-        # One thread for every model: its pass in flight is the server's.
-        yield GaugeMetricFamily(
-            "maskserve_inference_in_flight_seconds",
-            "How long the forward pass in flight (any model's) has been running; 0 when idle (/livez "
-            "compares it with the stall budget).",
-            value=lanes[0].batcher.scheduler.busy_for,
-        )
-        for family in (depth, limit, wait, dropped, refused, load):
-            if family.samples:
-                yield family
-
-
 def _remove_series(metric: Counter | Histogram | Info, model: str) -> None:
     """Every series of ``metric`` labelled with ``model``, removed (prometheus_client before 0.24
     has no removal by one label: each series is removed by all its label values)."""
@@ -373,109 +292,3 @@ def _remove_series(metric: Counter | Histogram | Info, model: str) -> None:
     }
     for values in doomed:
         metric.remove(*values)
-
-
-@dataclass(frozen=True)
-class ModelsState:
-    """The model repository's figures at one moment."""
-
-    states: dict[str, str]  # model name: READY, LOADING, UNLOADING or UNAVAILABLE
-    memory_bytes: dict[str, int]  # each loaded model's resident size, measured at its load
-    budget_bytes: int | None  # --models-memory, resolved; None without a budget
-
-
-# Every state a repository model can be in, each exported (at 0 when no model is in it).
-MODEL_STATES = ("READY", "LOADING", "UNLOADING", "UNAVAILABLE")
-
-
-def _models_families(state: ModelsState) -> Iterator[Metric]:
-    by_state = GaugeMetricFamily(
-        "maskserve_models", "Models of the repository (and those named at start) by state.", labels=["state"]
-    )
-    for name in MODEL_STATES:
-        by_state.add_metric([name], sum(1 for held in state.states.values() if held == name))
-    yield by_state
-    memory = GaugeMetricFamily(
-        "maskserve_model_memory_bytes",
-        "Resident memory each loaded model took, measured at its load (what --models-memory counts).",
-        labels=["model"],
-    )
-    for model, size in sorted(state.memory_bytes.items()):
-        memory.add_metric([model], size)
-    yield memory
-    if state.budget_bytes is not None:
-        yield GaugeMetricFamily(
-            "maskserve_models_memory_budget_bytes",
-            "The most resident memory the loaded models may hold together (--models-memory).",
-            value=state.budget_bytes,
-        )
-
-
-class _ConnectionState(Collector):
-    """The client connections, read from the connection guard when scraped."""
-
-    def __init__(self, guard: ConnectionGuard) -> None:
-        self.guard = guard
-
-    def collect(self) -> Iterator[Metric]:
-        guard = self.guard
-        yield GaugeMetricFamily(
-            "maskserve_open_connections", "Client connections open now (--max-connections).", value=len(guard.open)
-        )
-        yield GaugeMetricFamily(
-            "maskserve_unsent_bytes",
-            "Bytes of answers written but not yet taken by their clients (--max-unsent-bytes).",
-            value=guard.unsent_bytes(),
-        )
-        closed = CounterMetricFamily(
-            "maskserve_closed_connections",
-            "Connections the server closed, by reason: header_timeout, body_timeout, write_timeout, "
-            "unsent_bytes (the slowest readers, past --max-unsent-bytes), idle (keep-alive), "
-            "connection_limit (refused past --max-connections).",
-            labels=["reason"],
-        )
-        for reason in sorted(set(CLOSE_REASONS) | set(guard.closed)):
-            closed.add_metric([reason], guard.closed[reason])
-        yield closed
-
-
-class Peers(Protocol):
-    """The other processes of one server (``--workers``): a scrape of any of them reports all."""
-
-    # This process's label value: the worker's slot, "0" to "N-1", stable across its restarts.
-    worker: str
-
-    async def expositions(self) -> list[tuple[str, bytes]]:
-        """(worker, its own exposition) of every other live worker; a worker that does not
-        answer in time is left out."""
-        ...
-
-    async def forward(self, path: str, body: bytes, headers: dict[str, str]) -> list[tuple[str, int, bytes]]:
-        """POST ``body`` to ``path`` on every other worker: (worker, status, body) of each; status 0
-        for a worker that did not answer."""
-        ...
-
-
-class _Families(Collector):
-    def __init__(self, families: Iterable[Metric]) -> None:
-        self._families = list(families)
-
-    def collect(self) -> Iterator[Metric]:
-        yield from self._families
-
-
-def merge_expositions(parts: Sequence[tuple[str, bytes]]) -> bytes:
-    """One exposition of several workers' own, each sample labelled ``worker``: per-worker series
-    in one scrape, which ``sum by (...)`` adds up to the whole server."""
-    families: dict[str, Metric] = {}
-    for worker, text in parts:
-        for family in text_string_to_metric_families(text.decode("utf-8")):
-            merged = families.get(family.name)
-            if merged is None:
-                merged = families[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
-            merged.samples.extend(
-                sample._replace(labels={**sample.labels, "worker": worker}) for sample in family.samples
-            )
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Families(families.values()))
-    return generate_latest(registry)

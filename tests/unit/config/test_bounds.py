@@ -153,12 +153,3 @@ def test_limits_that_agree_at_their_edges_are_accepted() -> None:
 def test_the_score_limit_lets_the_longest_text_through_by_default() -> None:
     settings = Settings()
     assert settings.max_score_tokens == settings.max_text_tokens <= settings.max_queue
-
-
-def test_masks_allowed_grow_with_the_models_lengths_in_a_text_unless_set() -> None:
-    defaults = load_settings([], env={})
-    assert [defaults.masks_allowed(tokens, 512) for tokens in (10, 512, 513, 1500, 4096)] == [8, 8, 16, 24, 64]
-    assert defaults.masks_allowed(1500, 128) == 8 * 12
-    written = load_settings(["--max-masks-per-text", "8"], env={})
-    assert [written.masks_allowed(tokens, 512) for tokens in (10, 1500, 4096)] == [8, 8, 8]
-    assert defaults.text_predictions(512) == min(64 * defaults.max_top_k, defaults.max_predictions)

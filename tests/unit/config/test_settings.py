@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-from pathlib import Path
 
 import pytest
 
-from maskserve.config.cpus import available_cpus
 from maskserve.config.flags import load_settings
 from maskserve.config.settings import ENV_PREFIX, Settings, setting_fields
 
@@ -165,21 +162,3 @@ def assert_names_value(message: str, name: str) -> None:
         assert BAD_VALUES[name] not in message and "(hidden)" in message
     else:
         assert repr(BAD_VALUES[name]) in message
-
-
-def test_threads_default_to_the_cpus_this_process_may_use_adaptively() -> None:
-    assert Settings().resolved_threads() == available_cpus()
-    assert Settings().adaptive_threads
-    assert not Settings(threads=3).adaptive_threads
-    assert 1 <= available_cpus() <= len(os.sched_getaffinity(0))
-    assert Settings(threads=3).resolved_threads() == 3
-
-
-def test_cache_dir_defaults_to_xdg_cache_home_then_home(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HOME", "/home/op")
-    assert Settings().resolved_cache_dir(env={}) == Path("/home/op/.cache/maskserve")
-    assert Settings().resolved_cache_dir(env={"XDG_CACHE_HOME": "/xdg"}) == Path("/xdg/maskserve")
-    # The XDG spec ignores a relative path.
-    assert Settings().resolved_cache_dir(env={"XDG_CACHE_HOME": "rel"}) == Path("/home/op/.cache/maskserve")
-    given = load_settings(["--cache-dir", "/srv/cache"], env={"XDG_CACHE_HOME": "/xdg"})
-    assert given.resolved_cache_dir(env={"XDG_CACHE_HOME": "/xdg"}) == Path("/srv/cache")

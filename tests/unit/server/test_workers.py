@@ -12,31 +12,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from maskserve.config.cpus import available_cpus
 from maskserve.config.settings import Settings
-from maskserve.observability.metrics import merge_expositions
 from maskserve.server.workers import _assign_slot
 from tests.conftest import HAS_ONNXRUNTIME, NO_ONNXRUNTIME
 from tests.live_server import ServerProcess, free_port, run_maskserve, start_maskserve, until
 
 PARIS = b"Paris is the [MASK] of France."
-
-
-def exposition(requests: int) -> bytes:
-    registry = CollectorRegistry()
-    Counter("maskserve_requests", "h", ["route"], registry=registry).labels("fill_mask").inc(requests)
-    return generate_latest(registry)
-
-
-def test_one_scrape_labels_every_workers_series() -> None:
-    merged = merge_expositions([("0", exposition(3)), ("1", exposition(4))]).decode()
-    (family,) = [f for f in text_string_to_metric_families(merged) if f.name == "maskserve_requests"]
-    totals = {s.labels["worker"]: s.value for s in family.samples if s.name.endswith("_total")}
-    assert totals == {"0": 3.0, "1": 4.0}
-    assert merged.count("# TYPE maskserve_requests_total counter") == 1  # one family, not two
 
 
 def test_a_replacement_worker_takes_the_lowest_free_slot() -> None:

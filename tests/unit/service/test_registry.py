@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from maskserve.config.model_configs import ModelConfig
+from maskserve.config.model_settings import ModelConfig
 from maskserve.config.settings import Settings
 from maskserve.errors import DeadlineExceeded, NotFound, ShuttingDown
 from maskserve.model_api import FillMaskModel, Query
