@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from maskserve.config.model_files import looks_like_model, missing_parts
 from maskserve.config.model_settings import (
     MODEL_SETTINGS_SCHEMA,
     NAME_PATTERN,
@@ -29,7 +30,6 @@ from maskserve.config.model_settings import (
     validated,
     with_overrides,
 )
-from maskserve.config.model_files import looks_like_model, missing_parts
 from maskserve.config.settings import NamedSettingsError, Settings
 
 # The per-model settings file inside a model's folder.

@@ -14,8 +14,9 @@ import jinja2
 from aiohttp import web
 
 from maskserve.config.flags import SettingsCheck
-from maskserve.config.model_configs import ModelConfig, model_configs
 from maskserve.config.model_configs import check as check_models
+from maskserve.config.model_configs import model_configs
+from maskserve.config.model_settings import ModelConfig
 from maskserve.config.settings import Settings
 from maskserve.demo.page import security_headers
 from maskserve.errors import ModelLoadFailed, ShuttingDown

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from maskserve.config.model_configs import ModelConfig
 from maskserve.config.model_repository import ModelRepository
+from maskserve.config.model_settings import ModelConfig
 from maskserve.errors import ModelNotLoaded, NotFound
 from maskserve.service.served_model import MODEL_VERSION, ModelTable
 

@@ -35,9 +35,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from maskserve.config.model_configs import ModelConfig
 from maskserve.config.model_repository import ModelRepository
-from maskserve.config.model_source import ModelLoadError
+from maskserve.config.model_settings import ModelConfig
 from maskserve.errors import (
     DeadlineExceeded,
     MaskserveError,
@@ -47,10 +46,10 @@ from maskserve.errors import (
     ModelUnavailable,
     NotFound,
 )
-from maskserve.observability.metrics import ModelsState
+from maskserve.observability.live_state import ModelsState
 from maskserve.service.model_budget import MIB, Candidate, ModelBudget, ModelsDoNotFit
 from maskserve.service.model_catalog import IndexEntry, ModelCatalog, ModelRecord
-from maskserve.service.model_loader import EngineLoader, LoadEngine
+from maskserve.service.model_loader import EngineLoader, LoadEngine, failure_reason, start_error
 from maskserve.service.model_parts import retire_model, start_model
 from maskserve.service.model_sources import check_files, config_for_load, weights_bytes
 from maskserve.service.served_model import ModelTable, ServedModel
@@ -219,12 +218,13 @@ class ModelControl:
         try:
             config = config_for_load(self.repository, self.started_configs, self.settings, name, overrides)
             check_files(self.repository, name)  # before anything is evicted for it
-            await self._make_room(name, self._estimate(name, config), on_demand=reason == "on_demand")
+            estimate = self._estimate(name, config)
+            await self._make_room(name, estimate, on_demand=reason == "on_demand")
             record.state, record.reason = ("READY", "reloading") if old else ("LOADING", "loading")
             engine, size = await self.loader.load(name, config, at_start, deadline)
             self.budget.reserved[name] = size
             if self.budget.over_by():
-                await self._refit(name, size, at_start)
+                await self._refit(name, size, estimate, at_start)
             served = self.table.models[name] if at_start else ServedModel(config)
             async with asyncio.timeout_at(deadline):
                 await start_model(self.table, served, engine, self.scheduler, self.tokenizer)
@@ -233,12 +233,12 @@ class ModelControl:
             self.budget.reserved.pop(name, None)
             self._failed(record, exc, old, action, reason, actor)
             if at_start:
-                stop = _start_error(name, exc, self.settings.model_load_timeout)
+                stop = start_error(name, exc, self.settings.model_load_timeout)
                 if stop is exc:
                     raise
                 raise stop from exc
             if isinstance(exc, TimeoutError):
-                raise ModelLoadFailed(_timed_out(name, self.settings.model_load_timeout)) from None
+                raise ModelLoadFailed(failure_reason(name, exc, self.settings.model_load_timeout)) from None
             if not isinstance(exc, MaskserveError) and isinstance(exc, Exception):
                 log.error("loading %r failed", name, exc_info=exc)
                 raise ModelLoadFailed(f"loading {name!r} failed: {record.reason}") from exc
@@ -272,12 +272,7 @@ class ModelControl:
         self, record: ModelRecord, exc: BaseException, old: ServedModel | None, action: str, reason: str, actor: str
     ) -> None:
         """Say in the index and the log why a load did not end serving."""
-        if isinstance(exc, TimeoutError):
-            why = _timed_out(record.name, self.settings.model_load_timeout)
-        elif isinstance(exc, MaskserveError | ModelLoadError):
-            why = exc.message if isinstance(exc, MaskserveError) else str(exc)
-        else:
-            why = "an unexpected error; the server log has it"
+        why = failure_reason(record.name, exc, self.settings.model_load_timeout)
         result = "refused" if isinstance(exc, ModelsMemoryExceeded) else "failed"
         if old is not None:
             record.state, record.reason = "READY", f"reload {result}, the old model serves: {why}"
@@ -317,12 +312,19 @@ class ModelControl:
             log.info("evicting %r (least recently used) to make room for %r", victim.name, name)
             await self.unload(victim.name, reason="eviction", actor=f"the load of {name!r}")
 
-    async def _refit(self, name: str, size: int, at_start: bool) -> None:
+    async def _refit(self, name: str, size: int, estimate: int, at_start: bool) -> None:
         """The load measured more than it reserved and the models now pass the budget: evict idle
         models until they fit again, or refuse the new model (its engine is dropped)."""
         if at_start:
             raise ModelsDoNotFit.measured(name, size, self.budget)
-        victims = self.budget.victims(name, 0, self._candidates(), now=time.monotonic(), min_residency=None)
+        try:
+            victims = self.budget.victims(name, 0, self._candidates(), now=time.monotonic(), min_residency=None)
+        except ModelsMemoryExceeded:
+            raise ModelsMemoryExceeded(
+                f"model {name!r} measured {size // MIB} MiB at its load, more than the {estimate // MIB} MiB it was "
+                "estimated at, and the budget (--models-memory) has no room for it even with every idle model "
+                "unloaded: it was not kept"
+            ) from None
         for victim in victims:
             log.info("evicting %r (least recently used): %r measured more than estimated", victim.name, name)
             await self.unload(victim.name, reason="eviction", actor=f"the load of {name!r}")
@@ -380,17 +382,3 @@ class ModelControl:
         for task in list(self._loads.values()):
             task.cancel()
         self._trimmer.shutdown(wait=False, cancel_futures=True)
-
-
-def _timed_out(name: str, seconds: float) -> str:
-    return f"loading {name!r} took longer than --model-load-timeout ({seconds:g}s) and was abandoned"
-
-
-def _start_error(name: str, exc: BaseException, timeout: float) -> BaseException:
-    """What stops the start-up for a model named at start that could not be served: the engine's
-    own refusal as it is; a budget or a time limit as the setting at fault."""
-    if isinstance(exc, TimeoutError):
-        return ModelLoadError(_timed_out(name, timeout))
-    if isinstance(exc, ModelsMemoryExceeded):
-        return ModelsDoNotFit(exc.message)
-    return exc

@@ -15,9 +15,11 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from maskserve.config.model_configs import ModelConfig
+from maskserve.config.model_settings import ModelConfig
+from maskserve.config.model_source import ModelLoadError
+from maskserve.errors import MaskserveError, ModelsMemoryExceeded
 from maskserve.model_api import FillMaskModel
-from maskserve.service.model_budget import ModelBudget
+from maskserve.service.model_budget import ModelBudget, ModelsDoNotFit
 from maskserve.service.model_sources import weights_bytes
 from maskserve.serving.memory import rss_bytes
 
@@ -103,3 +105,25 @@ def in_own_thread(name: str, call: Callable[[], T]) -> asyncio.Future[T]:
 
     threading.Thread(target=run, name=f"maskserve-load-{name}", daemon=True).start()
     return future
+
+
+def failure_reason(name: str, exc: BaseException, timeout: float) -> str:
+    """Why a load did not end serving, for the index and the answer (never an exception's text
+    unless it is one of the messages written for clients)."""
+    if isinstance(exc, TimeoutError):
+        return f"loading {name!r} took longer than --model-load-timeout ({timeout:g}s) and was abandoned"
+    if isinstance(exc, MaskserveError):
+        return exc.message
+    if isinstance(exc, ModelLoadError):
+        return str(exc)
+    return "an unexpected error; the server log has it"
+
+
+def start_error(name: str, exc: BaseException, timeout: float) -> BaseException:
+    """What stops the start-up for a model named at start that could not be served: the engine's
+    own refusal as it is; a budget or a time limit as the setting at fault."""
+    if isinstance(exc, TimeoutError):
+        return ModelLoadError(failure_reason(name, exc, timeout))
+    if isinstance(exc, ModelsMemoryExceeded):
+        return ModelsDoNotFit(exc.message)
+    return exc

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from maskserve.config.model_configs import ModelConfig, with_overrides
 from maskserve.config.model_repository import ModelRepository, NotInRepository
+from maskserve.config.model_settings import ModelConfig, with_overrides
 from maskserve.config.settings import NamedSettingsError, Settings
 from maskserve.errors import ModelConfigInvalid, ModelNotLoadable, NotFound
 

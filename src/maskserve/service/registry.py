@@ -20,7 +20,8 @@ from typing import Any
 from maskserve.config.model_configs import model_configs
 from maskserve.config.settings import Settings
 from maskserve.errors import NotFound
-from maskserve.observability.metrics import Metrics, Peers
+from maskserve.observability.metrics import Metrics
+from maskserve.observability.peers import Peers
 from maskserve.service.lifecycle import Lifecycle
 from maskserve.service.model_control import ModelControl
 from maskserve.service.served_model import MODEL_VERSION as MODEL_VERSION

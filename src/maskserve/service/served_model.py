@@ -18,7 +18,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
-from maskserve.config.model_configs import ModelConfig
+from maskserve.config.model_settings import ModelConfig
 from maskserve.config.settings import Settings
 from maskserve.errors import ModelUnavailable, NotFound
 from maskserve.model_api import FillMaskModel, Query

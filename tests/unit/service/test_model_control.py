@@ -4,12 +4,18 @@ app: which loads are one, what waits for what, what a model is charged, and when
 from __future__ import annotations
 
 import asyncio
+import shutil
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from maskserve.errors import ModelNotLoaded, NotFound
+from maskserve.config.model_settings import ModelConfig
+from maskserve.errors import ModelLoadFailed, ModelNotLoadable, ModelNotLoaded, ModelsMemoryExceeded, NotFound
+from maskserve.model_api import FillMaskModel
 from maskserve.request.keys import SERVICE_KEY
+from maskserve.service.model_budget import MIB
 from maskserve.service.model_control import ModelControl
 from tests.conftest import CONTROL_KEY, ClientFactory
 
@@ -44,17 +50,17 @@ async def test_a_load_asked_while_the_model_unloads_waits_and_loads_it_again(
     await control.load("beta")
     unloading = asyncio.create_task(control.unload("beta"))
     await asyncio.sleep(0)
-    assert control.records["beta"].state == "UNLOADING"
+    assert state(control, "beta") == "UNLOADING"
     await control.load("beta")
     assert unloading.done() and control.records["beta"].state == "READY" and "beta" in control.table.models
 
 
-async def test_a_model_named_at_start_is_charged_its_weights_not_the_runtimes_start(
+async def test_a_model_named_at_start_is_charged_what_its_load_measured_at_least_its_weights(
     make_client: ClientFactory, model_repository: Path
 ) -> None:
     control = await control_of(make_client, model_repository)
     weights = sum(p.stat().st_size for p in (model_repository / "alpha").glob("*.safetensors"))
-    assert control.records["alpha"].memory_bytes == weights
+    assert control.records["alpha"].memory_bytes == control.budget.charged["alpha"] >= weights
 
 
 async def test_unknown_and_unloaded_models_are_told_apart(make_client: ClientFactory, model_repository: Path) -> None:
@@ -77,3 +83,178 @@ async def test_on_demand_loads_once_for_many_waiting_requests(
         "maskserve_model_changes_total", {"model": "gamma", "action": "load", "reason": "on_demand", "result": "ok"}
     )
     assert on_demand == 1
+
+
+class SlowLoads:
+    """Wraps the control's engine loader: a load of a model named here waits for its event."""
+
+    def __init__(self, control: ModelControl, *names: str) -> None:
+        self.gates = {name: threading.Event() for name in names}
+        self.inner = control.loader.load_engine
+        control.loader.load_engine = self.load
+
+    def load(self, config: ModelConfig, at_start: bool) -> FillMaskModel:
+        gate = self.gates.get(config.name)
+        if gate is not None:
+            gate.wait(60)
+        return self.inner(config, at_start)
+
+    def release(self) -> None:
+        for gate in self.gates.values():
+            gate.set()
+
+
+def state(control: ModelControl, name: str) -> str | None:
+    record = control.records.get(name)
+    return record.state if record is not None else None
+
+
+async def until(check: Callable[[], bool]) -> None:
+    for _ in range(3000):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the condition never held")
+
+
+async def test_an_unload_never_waits_behind_another_models_load(
+    make_client: ClientFactory, model_repository: Path
+) -> None:
+    control = await control_of(make_client, model_repository)
+    await control.load("beta")
+    slow = SlowLoads(control, "gamma")
+    loading = asyncio.create_task(control.load("gamma"))
+    await until(lambda: state(control, "gamma") == "LOADING")
+    await asyncio.wait_for(control.unload("beta"), 30)
+    assert control.records["beta"].state == "UNAVAILABLE" and not loading.done()
+    slow.release()
+    await loading
+    assert "gamma" in control.table.models
+
+
+async def test_a_load_past_its_timeout_is_abandoned_and_the_next_load_of_it_starts(
+    make_client: ClientFactory, model_repository: Path
+) -> None:
+    client = await make_client(
+        model_repository=str(model_repository),
+        model_control_mode="explicit",
+        control_key=CONTROL_KEY,
+        model_load_timeout=0.5,
+    )
+    control = client.app[SERVICE_KEY].control
+    assert control is not None
+    slow = SlowLoads(control, "gamma")
+    with pytest.raises(ModelLoadFailed, match=r"longer than --model-load-timeout \(0.5s\) and was abandoned") as failed:
+        await control.load("gamma")
+    assert failed.value.status == 500
+    assert control.records["gamma"].state == "UNAVAILABLE" and "abandoned" in control.records["gamma"].reason
+    del slow.gates["gamma"]  # the next load of it goes straight through
+    await control.load("gamma")
+    assert "gamma" in control.table.models
+    slow.release()
+
+
+async def test_an_on_demand_request_never_replaces_an_explicit_loads_config(
+    make_client: ClientFactory, model_repository: Path
+) -> None:
+    control = await control_of(make_client, model_repository, mode="on-demand")
+    slow = SlowLoads(control, "gamma")
+    explicit = asyncio.create_task(control.load("gamma", {"max_top_k": 3}))
+    await until(lambda: state(control, "gamma") == "LOADING")
+    on_demand = asyncio.create_task(control.ensure("gamma", asyncio.get_running_loop().time() + 60))
+    await asyncio.sleep(0.05)
+    slow.release()
+    await explicit
+    served = await on_demand
+    assert served.settings.max_top_k == 3 and control.table.models["gamma"] is served
+    assert loads(control, "gamma", "reload") == 0
+
+
+async def test_a_model_being_unloaded_counts_against_the_budget_until_its_memory_is_back(
+    make_client: ClientFactory, model_repository: Path
+) -> None:
+    control = await control_of(make_client, model_repository)
+    await control.load("beta")
+    size = control.budget.charged["beta"]
+    held = threading.Event()
+    control.scheduler.executor.submit(held.wait, 30)  # beta's unload drains behind this pass
+    served = control.table.models["beta"]
+    with served.in_use():
+        unloading = asyncio.create_task(control.unload("beta"))
+        await until(lambda: state(control, "beta") == "UNLOADING")
+        assert "beta" not in control.budget.charged and control.budget.held() >= size
+    held.set()
+    await unloading
+    assert control.budget.releasing == {}
+
+
+async def test_a_load_that_measures_more_than_it_reserved_evicts_idle_models_or_is_not_kept(
+    make_client: ClientFactory, model_repository: Path
+) -> None:
+    control = await control_of(make_client, model_repository)
+    await control.load("beta")
+    control.budget.charged["beta"] = 100 * MIB  # as if beta had measured that much
+    control.budget.budget_bytes = control.budget.held() + 50 * MIB
+    extra = {"gamma": 60 * MIB}
+    measured = control.loader._measured
+
+    def more(config: ModelConfig, at_start: bool) -> tuple[FillMaskModel, int]:
+        engine, size = measured(config, at_start)
+        return engine, size + extra.get(config.name, 0)
+
+    control.loader._measured = more  # type: ignore[method-assign]
+    await control.load("gamma")  # it fitted its estimate, not its measure: beta, idle, goes
+    assert control.records["beta"].reason == "evicted to make room (--models-memory)"
+    assert control.budget.held() <= control.budget.budget_bytes
+    extra["beta"] = 10 * 1024 * MIB  # more than even every idle model would make room for
+    with pytest.raises(ModelsMemoryExceeded, match=r"'beta' measured .* it was not kept"):
+        await control.load("beta")
+    assert "beta" not in control.table.models and "beta" not in control.budget.reserved
+    assert "gamma" in control.table.models
+
+
+async def test_on_demand_loads_that_would_evict_a_model_younger_than_the_minimum_are_paced(
+    make_client: ClientFactory, model_repository: Path
+) -> None:
+    client = await make_client(
+        model_repository=str(model_repository),
+        model_control_mode="on-demand",
+        control_key=CONTROL_KEY,
+        model_min_residency=60,
+    )
+    control = client.app[SERVICE_KEY].control
+    assert control is not None
+    deadline = asyncio.get_running_loop().time() + 60
+    await control.ensure("beta", deadline)
+    control.budget.budget_bytes = control.budget.held() + 1  # gamma fits only if one goes
+    paced = await client.post("/models/gamma", data="Paris is the [MASK] of France.")
+    body = await paced.json()
+    assert paced.status == 503 and body["error_type"] == "loads_paced" and int(paced.headers["Retry-After"]) >= 50
+    assert {"alpha", "beta"} <= set(control.table.models) and "gamma" not in control.table.models
+    # An explicit load is not held by the pacing: the least recently used idle model goes.
+    await control.load("gamma")
+    assert "gamma" in control.table.models and control.budget.held() <= control.budget.budget_bytes
+
+
+async def test_a_half_copied_folder_is_listed_and_refused_and_a_deleted_one_is_unknown(
+    make_client: ClientFactory, model_repository: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    repository = tmp_path / "models"
+    shutil.copytree(model_repository, repository)
+    control = await control_of(make_client, repository, mode="on-demand")
+    await control.load("gamma")
+    await control.unload("gamma")
+    shutil.rmtree(repository / "gamma")
+    (repository / "delta").mkdir()
+    shutil.copy(repository / "beta" / "config.json", repository / "delta" / "config.json")
+    entries = {entry.name: entry for entry in control.index()}
+    assert "gamma" not in entries and entries["delta"].reason.startswith("not loadable: its folder lacks weights")
+    with pytest.raises(ModelNotLoadable, match="'delta' cannot be loaded: its folder lacks weights") as refused:
+        await control.load("delta")
+    assert refused.value.status == 409
+    for _ in range(2):
+        with pytest.raises(NotFound, match="no model named 'gamma'"):
+            await control.load("gamma")
+        with pytest.raises(NotFound):
+            await control.ensure("gamma", asyncio.get_running_loop().time() + 5)
+    assert not [record for record in caplog.records if record.exc_info]
