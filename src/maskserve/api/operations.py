@@ -195,8 +195,12 @@ def oip_probe_operation(summary: str, *, per_model: bool = False) -> Schema:
         },
     }
     if per_model:
+        # Triton's answer: a model not serving is a "no", never an error its clients would raise.
+        probe["description"] = (
+            "The protocol's model readiness: 200 while the server is ready and the model serves; 400 (its 4xx) "
+            "otherwise, with the problems: an unknown name or version, a model not loaded, or one still loading."
+        )
         probe["parameters"] = [MODEL_PARAMETER]
-        probe["responses"]["404"] = error("No model of that name is served.")
     return probe
 
 
@@ -251,10 +255,9 @@ def oip_infer_doc(settings: Settings, mask_token: str) -> Schema:
 def _versioned(operation: Schema) -> Schema:
     """The same operation on the path that also names the model's version."""
     versioned = {**operation, "parameters": [*operation.get("parameters", []), VERSION_PARAMETER]}
-    versioned["responses"] = {
-        **operation["responses"],
-        "404": error("No model of that name, or no such version of it, is served."),
-    }
+    versioned["responses"] = dict(operation["responses"])
+    if "404" in versioned["responses"]:
+        versioned["responses"]["404"] = error("No model of that name, or no such version of it, is served.")
     return versioned
 
 

@@ -23,6 +23,7 @@ from maskserve.request.oip_model import (
     check_version,
     infer_parser,
     model_metadata_of,
+    model_readiness,
     run_infer,
     server_metadata_of,
 )
@@ -74,8 +75,13 @@ class InferenceServicer:
 
     async def ModelReady(self, request: Any, context: Any) -> Any:
         async def answer(state: RequestState) -> Any:
-            self._served(state, request.name, request.version)
-            return _response("ModelReady", ready=ready(self.service).ok)
+            # OK with ready false for a model not serving (unknown, not loaded, loading), as Triton
+            # answers: its clients poll this after a load, and a status would raise there.
+            served, health = model_readiness(self.service, request.name, request.version)
+            if served is not None:
+                state.served, state.model = served, served.name
+            return _response("ModelReady", ready=health.ok)
+
 
         return await self.calls.unary("ModelReady", context, answer, public=True)
 
@@ -232,7 +238,10 @@ class InferenceServicer:
 
         result, error = await self.calls.run("ModelStreamInfer", context, state, answer, metadata, authorize=False)
         if error is not None:
-            return ModelStreamInferResponse(error_message=public_message(error, state))
+            # The request's id, as Triton sends it, so a client with several requests in flight
+            # can tell which one failed.
+            failed = _response("ModelInfer", id=request.id)
+            return ModelStreamInferResponse(error_message=public_message(error, state), infer_response=failed)
         return ModelStreamInferResponse(infer_response=result)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import transformers
+import tritonclient.http
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from tritonclient.http.aio import InferenceServerClient
@@ -330,3 +331,55 @@ async def test_info_shows_each_models_state_and_memory(make_client: ClientFactor
     assert section["control_mode"] == "explicit" and section["models_memory_bytes"] == 2 * 1024 * MIB
     assert section["models"]["beta"]["state"] == "READY" and section["models"]["beta"]["memory_bytes"] > 0
     assert section["models"]["gamma"] == {"state": "UNAVAILABLE", "reason": "not loaded", "memory_bytes": None}
+
+
+async def wait_for_state(client: Client, name: str, state: str) -> None:
+    """Until the index lists ``name`` in ``state`` (generous: a busy machine loads slowly)."""
+    for _ in range(3000):
+        if (await index(client))[name]["state"] == state:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{name} never reached {state}: {(await index(client))[name]}")
+
+
+async def test_tritonclient_model_ready_is_false_for_a_model_not_serving_and_never_raises(
+    make_client: ClientFactory, model_repository: Path
+) -> None:
+    client = await explicit(make_client, model_repository, warmup=True)
+    address = f"{client.host}:{client.port}"
+
+    def readiness() -> dict[str, bool]:
+        with tritonclient.http.InferenceServerClient(address) as tc:
+            found = {name: tc.is_model_ready(name) for name in (*REPOSITORY_MODELS, "nosuch")}
+            return found | {"alpha/2": tc.is_model_ready("alpha", model_version="2")}
+
+    # gamma stays LOADING while the inference thread, where its warm-up passes run, is held.
+    held = threading.Event()
+    client.app[SERVICE_KEY].scheduler.executor.submit(held.wait, 60)
+    loading = asyncio.create_task(client.post("/v2/repository/models/gamma/load", headers=CONTROL))
+    try:
+        await wait_for_state(client, "gamma", "LOADING")
+        found = await asyncio.to_thread(readiness)
+    finally:
+        held.set()
+    assert found == {"alpha": True, "beta": False, "gamma": False, "nosuch": False, "alpha/2": False}
+    assert (await loading).status == 200
+    assert (await asyncio.to_thread(readiness))["gamma"] is True
+    assert (await client.post("/v2/repository/models/gamma/unload", headers=CONTROL)).status == 200
+    assert (await asyncio.to_thread(readiness))["gamma"] is False
+
+
+async def test_a_model_not_serving_is_not_ready_400_saying_why(
+    make_client: ClientFactory, model_repository: Path
+) -> None:
+    client = await explicit(make_client, model_repository)
+    for path, code, why in (
+        ("/v2/models/beta/ready", "model_not_loaded", "is not loaded (UNAVAILABLE"),
+        ("/v2/models/nosuch/ready", "not_found", "no model named 'nosuch'"),
+        ("/v2/models/alpha/versions/2/ready", "not_found", "no version '2'"),
+    ):
+        response = await client.get(path)
+        assert response.status == 400, path
+        problems = (await response.json())["problems"]
+        assert [problem["code"] for problem in problems] == [code] and why in problems[0]["message"], problems
+    assert (await client.get("/v2/models/alpha/ready")).status == 200
