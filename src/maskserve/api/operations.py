@@ -45,7 +45,11 @@ def _model_work_refusals() -> dict[str, Schema]:
     a refusal at the door, a missed deadline."""
     return {
         "500": error("The model failed on this input (its batch neighbours were answered)."),
-        "503": error("Overloaded or shutting down: refused before the body is read.", retry_after()),
+        "503": error(
+            "Overloaded or shutting down: refused before the body is read; or the model left under the "
+            "request (model_unavailable: unloaded, and no reload's model in its place).",
+            retry_after(),
+        ),
         "504": error("The deadline passed before the answer was ready."),
     }
 

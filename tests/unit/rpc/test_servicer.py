@@ -535,3 +535,31 @@ async def test_a_stream_error_answer_carries_its_requests_id(make_grpc: GrpcFact
     assert [bool(answer.error_message) for answer in answers] == [False, True, True]
     assert "holds no mask token" in answers[1].error_message
     assert "no model named 'bert'" in answers[2].error_message
+
+
+@pytest.mark.parametrize("change", ["unload", "reload"])
+async def test_a_model_released_before_its_call_is_held_is_unavailable_or_served_by_the_reload(
+    make_grpc: GrpcFactory, model_repository: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    app = await repository_app(make_grpc, model_repository)
+    service = app.http.app[SERVICE_KEY]
+    async with triton_aio.InferenceServerClient(app.address) as client:
+        await client.load_model("beta", headers=CONTROL)
+        old = service.models["beta"]
+        if change == "unload":
+            await client.unload_model("beta", headers=CONTROL)
+        else:
+            await client.load_model("beta", headers=CONTROL, config=json.dumps({"max_top_k": 10}))
+        assert old.released
+        # The call resolves the model as it was a moment before (the race the hold closes).
+        stale = [old]
+        served = service.served
+        monkeypatch.setattr(service, "served", lambda name=None: stale.pop() if stale else served(name))
+        if change == "reload":
+            answer = await client.infer("beta", [text_input(PARIS)])
+            assert len(json.loads(answer.as_numpy("predictions")[0])) == 5 and not stale
+            return
+        with pytest.raises(InferenceServerException) as gone:
+            await client.infer("beta", [text_input(PARIS)])
+    assert gone.value.status() == "StatusCode.UNAVAILABLE" and "'beta'" in (gone.value.message() or "")
+    assert not stale
