@@ -4,15 +4,16 @@
     GET  /v2/health/live                             200 while /livez would be; 400 otherwise (the protocol's 4xx)
     GET  /v2/health/ready                            200 while /readyz would be; 400 otherwise
     GET  /v2/models/{model}[/versions/{version}]         model metadata: a BYTES input "text", a BYTES output
-    GET  /v2/models/{model}[/versions/{version}]/ready   as /v2/health/ready, for the one model served
+    GET  /v2/models/{model}[/versions/{version}]/ready   as /v2/health/ready, and 400 too while that model
+                                                     does not serve (unknown, not loaded, loading), as Triton
     POST /v2/models/{model}[/versions/{version}]/infer   fill-mask (output "predictions") or scoring (output
                                                      "scores") through the same parsers, admission and batcher
 
 ``{model}`` is any served model's name and ``{version}`` is ``1``, the one version served (model
 metadata lists it); any other name or version is a 404 in maskserve's error shape, whose ``error``
-string is what the protocol's clients read. Every model route answers with and without the version
-segment, as the specification lists them and as clients that pass a version (``tritonclient``'s
-``model_version``, KServe's) call them. The tensors' form is in oip_tensors.py.
+string is what the protocol's clients read (the ready route's "no" is its 400). Every model route
+answers with and without the version segment, as the specification lists them and as clients that
+pass a version (``tritonclient``'s ``model_version``, KServe's) call them. The tensors' form is in oip_tensors.py.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ from aiohttp import web
 from maskserve.api.health import probe_response
 from maskserve.request.deadlines import request_deadline
 from maskserve.request.keys import service_of, state_of
-from maskserve.request.oip_model import check_version, infer_parser, model_metadata_of, run_infer, server_metadata_of
+from maskserve.request.oip_model import (
+    check_version,
+    infer_parser,
+    model_metadata_of,
+    model_readiness,
+    run_infer,
+    server_metadata_of,
+)
 from maskserve.request.run_task import model_for_work, read_body, served_model, timing_headers, windows_header
 from maskserve.service.health import live, ready
 from maskserve.service.registry import ServedModel
@@ -55,8 +63,16 @@ async def server_ready(request: web.Request) -> web.Response:
 
 
 async def model_ready(request: web.Request) -> web.Response:
-    _served_model(request)
-    return await server_ready(request)
+    """``GET /v2/models/{model}[/versions/{version}]/ready``: 200 while the server is ready and the
+    model serves; otherwise 400 with the problems, for a model unknown, not loaded or loading too,
+    as Triton answers (its clients' ``is_model_ready()`` then returns False)."""
+    served, health = model_readiness(
+        service_of(request.app), request.match_info.get("model"), request.match_info.get("version")
+    )
+    if served is not None:
+        state = state_of(request)
+        state.served, state.model = served, served.name
+    return probe_response(request, health, "not_ready", failed_status=NOT_HEALTHY)
 
 
 async def model_metadata(request: web.Request) -> web.Response:

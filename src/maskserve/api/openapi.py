@@ -174,7 +174,18 @@ REPOSITORY_LOAD_DOC = _change_doc(
     "Model repository: load or reload a model",
     "Answers once the model serves. `parameters.config`: a JSON object (as a string) of the model's own settings.",
     {
-        "400": error("The body is not JSON, or the load failed (the reason says why; a model that served still does)."),
+        "400": error(
+            "The body is not JSON, or `parameters.config` is not usable (model_config_invalid); "
+            "a model that served still does."
+        ),
+        "409": error(
+            "The model's folder cannot load as it stands (model_not_loadable): its settings file, its files; "
+            "a model that served still does."
+        ),
+        "500": error(
+            "The load failed on the server's side (model_load_failed: the engine, a worker, a timeout); "
+            "the reason says why, the server log has more, and a model that served still does."
+        ),
         "507": error("The load would pass --models-memory even with every idle model unloaded."),
     },
 )

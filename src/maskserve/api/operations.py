@@ -45,7 +45,11 @@ def _model_work_refusals() -> dict[str, Schema]:
     a refusal at the door, a missed deadline."""
     return {
         "500": error("The model failed on this input (its batch neighbours were answered)."),
-        "503": error("Overloaded or shutting down: refused before the body is read.", retry_after()),
+        "503": error(
+            "Overloaded or shutting down: refused before the body is read; or the model left under the "
+            "request (model_unavailable: unloaded, and no reload's model in its place).",
+            retry_after(),
+        ),
         "504": error("The deadline passed before the answer was ready."),
     }
 
@@ -195,8 +199,12 @@ def oip_probe_operation(summary: str, *, per_model: bool = False) -> Schema:
         },
     }
     if per_model:
+        # Triton's answer: a model not serving is a "no", never an error its clients would raise.
+        probe["description"] = (
+            "The protocol's model readiness: 200 while the server is ready and the model serves; 400 (its 4xx) "
+            "otherwise, with the problems: an unknown name or version, a model not loaded, or one still loading."
+        )
         probe["parameters"] = [MODEL_PARAMETER]
-        probe["responses"]["404"] = error("No model of that name is served.")
     return probe
 
 
@@ -251,10 +259,9 @@ def oip_infer_doc(settings: Settings, mask_token: str) -> Schema:
 def _versioned(operation: Schema) -> Schema:
     """The same operation on the path that also names the model's version."""
     versioned = {**operation, "parameters": [*operation.get("parameters", []), VERSION_PARAMETER]}
-    versioned["responses"] = {
-        **operation["responses"],
-        "404": error("No model of that name, or no such version of it, is served."),
-    }
+    versioned["responses"] = dict(operation["responses"])
+    if "404" in versioned["responses"]:
+        versioned["responses"]["404"] = error("No model of that name, or no such version of it, is served.")
     return versioned
 
 

@@ -12,12 +12,16 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from maskserve.request.keys import service_of
-from maskserve.request.run_task import admit_at_door, model_for_work
+from maskserve.request.run_task import admit_at_door, held_for_work
 
 
 @web.middleware
 async def circuit_breaker_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if request.match_info.route.name in service_of(request.app).routes.inference:
-        # The model first: with on-demand control, one not loaded yet loads here, in the deadline.
-        admit_at_door(request, await model_for_work(request))
-    return await handler(request)
+    if request.match_info.route.name not in service_of(request.app).routes.inference:
+        return await handler(request)
+    # The model first: with on-demand control, one not loaded yet loads here, in the deadline. It
+    # is held from here to the answer, before the body is read, so that a reload in between
+    # cannot take it away from a request it accepted.
+    async with held_for_work(request) as served:
+        admit_at_door(request, served)
+        return await handler(request)

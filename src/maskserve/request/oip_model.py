@@ -16,6 +16,7 @@ from maskserve.errors import NotFound
 from maskserve.model_api import describe_model
 from maskserve.request.run_task import run_recorded
 from maskserve.request.state import RequestState
+from maskserve.service.health import Health, Problem, ready
 from maskserve.service.registry import MODEL_VERSION, FillMaskService, ServedModel
 from maskserve.serving.work_queue import Answer
 from maskserve.tasks.fill_mask_request import FillMaskRequest
@@ -40,6 +41,22 @@ def check_version(served: ServedModel, version: str | None) -> None:
     """A 404 unless ``version`` is None (or empty, as gRPC leaves an unset field) or the one served."""
     if version and version != MODEL_VERSION:
         raise NotFound(f"no version {version!r} of model {served.name!r} here; it serves version {MODEL_VERSION!r}")
+
+
+def model_readiness(
+    service: FillMaskService, name: str | None, version: str | None
+) -> tuple[ServedModel | None, Health]:
+    """Whether model ``name`` (the default for None or empty) at ``version`` serves now, and the model
+    when it does: the server's readiness, plus a problem when no such model serves (unknown, not
+    loaded, still loading, or another version). Triton's answer, which its clients poll after a
+    load: not ready is an answer (REST's 400, gRPC's ``ready: false``), never an error."""
+    health = ready(service)
+    try:
+        served = service.served(name or None)
+        check_version(served, version)
+    except NotFound as absent:
+        return None, Health((*health.problems, Problem(absent.kind, absent.message)), health.facts)
+    return served, health
 
 
 def backend_of(served: ServedModel) -> str:

@@ -7,16 +7,17 @@ every caller uses it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.errors
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from aiohttp import web
 from aiohttp.web_request import FileField
 from multidict import MultiDictProxy
 
-from maskserve.errors import BodyTimeout, InvalidHeader, MaskserveError
+from maskserve.errors import BodyTimeout, InvalidHeader, MaskserveError, ModelUnavailable, NotFound
 from maskserve.request.deadlines import request_deadline
 from maskserve.request.keys import service_of, state_of
 from maskserve.request.state import RequestState
@@ -58,6 +59,39 @@ async def model_for_work(request: web.Request) -> ServedModel:
     if control is not None:
         await control.load_on_demand(name, request_deadline(request))
     return served_model(request, name)
+
+
+@contextlib.asynccontextmanager
+async def held_model(state: RequestState, resolve: Callable[[], Awaitable[ServedModel]]) -> AsyncIterator[ServedModel]:
+    """The model ``resolve`` finds, held (``in_use``) from here until the block ends: every route
+    that queues work holds its model before it reads a byte of its body, so an unload waits for
+    it and a reload swaps the new model in without failing it.
+
+    A model released between its resolution and this hold (a reload's old model, when ``resolve``
+    found it earlier) is resolved once more by its name, and the reload's new model serves the
+    request. If none serves now, the request is refused as the model left under it: 503 with
+    Retry-After, which retry policies retry (a 404 they would not)."""
+    served = await resolve()
+    with contextlib.ExitStack() as hold:
+        try:
+            hold.enter_context(served.in_use())
+        except ModelUnavailable as released:
+            state.served = None
+            try:
+                served = await resolve()
+            except NotFound:
+                raise released from None
+            hold.enter_context(served.in_use())  # released again: its 503 stands
+        state.held = served
+        try:
+            yield served
+        finally:
+            state.held = None
+
+
+def held_for_work(request: web.Request) -> contextlib.AbstractAsyncContextManager[ServedModel]:
+    """:func:`held_model` for an HTTP request that queues work (:func:`model_for_work`)."""
+    return held_model(state_of(request), lambda: model_for_work(request))
 
 
 def admit_at_door(request: web.Request, served: ServedModel | None = None) -> None:
@@ -123,8 +157,9 @@ async def run_recorded(
     folded back (off the loop when long). What the metrics need is kept on the record.
 
     Reading and planning are the request's ``maskserve.parse`` step: the surface's mistakes and the
-    texts' are found there, before any work is queued."""
-    with served.in_use():
+    texts' are found there, before any work is queued. The routes hold ``served`` from before
+    their body (:func:`held_model`); a caller that read first (a page's form) is held from here."""
+    with contextlib.nullcontext() if state.held is served else served.in_use():
         with state.trace.step("maskserve.parse"):
             asked = await read()
             plan = await served.plan(task, asked)

@@ -34,6 +34,8 @@ class RequestState:
     # The served model its route (or a page's form) named, resolved once (run_task.served_model):
     # the door admits on it and the handler answers with it.
     served: ServedModel | None = None
+    # That model once held (run_task.held_model): from before its body is read to its answer.
+    held: ServedModel | None = None
     # That model's name; "" for routes that name none and for unknown names, so that the metrics'
     # model label stays the served names.
     model: str = ""

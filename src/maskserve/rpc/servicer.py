@@ -23,9 +23,11 @@ from maskserve.request.oip_model import (
     check_version,
     infer_parser,
     model_metadata_of,
+    model_readiness,
     run_infer,
     server_metadata_of,
 )
+from maskserve.request.run_task import held_model
 from maskserve.request.state import RequestState
 from maskserve.rpc.calls import Calls, public_message, request_id
 from maskserve.rpc.protocol import ModelConfig, ModelStreamInferResponse, method_types
@@ -74,8 +76,12 @@ class InferenceServicer:
 
     async def ModelReady(self, request: Any, context: Any) -> Any:
         async def answer(state: RequestState) -> Any:
-            self._served(state, request.name, request.version)
-            return _response("ModelReady", ready=ready(self.service).ok)
+            # OK with ready false for a model not serving (unknown, not loaded, loading), as Triton
+            # answers: its clients poll this after a load, and a status would raise there.
+            served, health = model_readiness(self.service, request.name, request.version)
+            if served is not None:
+                state.served, state.model = served, served.name
+            return _response("ModelReady", ready=health.ok)
 
         return await self.calls.unary("ModelReady", context, answer, public=True)
 
@@ -173,14 +179,21 @@ class InferenceServicer:
         return await self.calls.unary("ModelInfer", context, answer)
 
     async def _infer(self, state: RequestState, request: Any) -> Any:
-        assert state.deadline is not None  # the call fixed it
-        control = self.service.control
-        if control is not None:  # a model of the repository not loaded yet loads here (on-demand)
-            await control.load_on_demand(request.model_name or None, state.deadline)
-        served = self._served(state, request.model_name, request.model_version)
-        served.at_door(state.deadline)  # the circuit breaker's door, before any parsing
-        envelope, raw = parse_infer(infer_parser(served), request)  # as REST's infer parses its body
-        inferred = await run_infer(state, served, envelope)
+        deadline = state.deadline
+        assert deadline is not None  # the call fixed it
+
+        async def resolve() -> ServedModel:
+            control = self.service.control
+            if control is not None:  # a model of the repository not loaded yet loads here (on-demand)
+                await control.load_on_demand(request.model_name or None, deadline)
+            return self._served(state, request.model_name, request.model_version)
+
+        # Held from its resolution, as a REST route holds its model before its body: a reload in
+        # between cannot fail it.
+        async with held_model(state, resolve) as served:
+            served.at_door(deadline)  # the circuit breaker's door, before any parsing
+            envelope, raw = parse_infer(infer_parser(served), request)  # as REST's infer parses its body
+            inferred = await run_infer(state, served, envelope)
         version = request.model_version or MODEL_VERSION
         return infer_response(served.name, version, envelope, inferred.texts_json, raw)
 
@@ -232,7 +245,10 @@ class InferenceServicer:
 
         result, error = await self.calls.run("ModelStreamInfer", context, state, answer, metadata, authorize=False)
         if error is not None:
-            return ModelStreamInferResponse(error_message=public_message(error, state))
+            # The request's id, as Triton sends it, so a client with several requests in flight
+            # can tell which one failed.
+            failed = _response("ModelInfer", id=request.id)
+            return ModelStreamInferResponse(error_message=public_message(error, state), infer_response=failed)
         return ModelStreamInferResponse(infer_response=result)
 
 

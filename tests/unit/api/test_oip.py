@@ -340,16 +340,17 @@ async def test_every_route_of_the_specification_answers_in_its_schema_with_and_w
     "path",
     ["/v2/models/maskserve/versions/2", "/v2/models/maskserve/versions/latest", "/v2/models/bert/versions/1"],
 )
-async def test_a_version_or_model_not_served_is_404_in_the_error_shape(make_client: ClientFactory, path: str) -> None:
+async def test_a_version_or_model_not_served_is_404_in_the_error_shape_and_not_ready(
+    make_client: ClientFactory, path: str
+) -> None:
     client = await make_client()
-    for response in (
-        await client.get(path),
-        await client.get(path + "/ready"),
-        await client.post(path + "/infer", json=infer_body([PARIS])),
-    ):
+    for response in (await client.get(path), await client.post(path + "/infer", json=infer_body([PARIS]))):
         error = await error_of(response, 404, "not_found")
         jsonschema.validate(error, SPEC["error_response"])
         assert "this server serves 'maskserve'" in error["error"] or "it serves version '1'" in error["error"]
+    # Readiness answers "no" as Triton does, the protocol's 4xx, rather than an error.
+    not_ready = await client.get(path + "/ready")
+    assert not_ready.status == 400 and [p["code"] for p in (await not_ready.json())["problems"]] == ["not_found"]
 
 
 async def test_tritonclient_passing_a_model_version_reads_metadata_readiness_and_infers(

@@ -386,7 +386,7 @@ async def test_every_documented_response_is_produced_and_matches_the_document(
         await docs.check(await client.get(model + "/ready"), 200)
     for model in ("/v2/models/bert", "/v2/models/maskserve/versions/2", "/v2/models/bert/versions/1"):
         await docs.check(await client.get(model), 404)
-        await docs.check(await client.get(model + "/ready"), 404)
+        await docs.check(await client.get(model + "/ready"), 400)  # not ready, as Triton answers
         await docs.check(await client.post(model + "/infer", json=infer_body(paris)), 404)
     for infer in INFER_PATHS:
         await docs.check(await client.post(infer, json=infer_body(paris, "the [MASK] sat on the [MASK].")), 200)
@@ -429,6 +429,10 @@ async def produce_repository_responses(
         await docs.check(await client.post(path, data=b"{", headers=json_headers), 400)
         await docs.check(await client.post(path, json={"parameters": []}, headers=control), 422)
         await docs.check(await client.post(path, headers=control), 200)
+    bad_config = {"parameters": {"config": json.dumps({"max_batch_size": 0})}}
+    await docs.check(await client.post(load, json=bad_config, headers=control), 400)
     (padded / "beta" / "config.json").write_text("{", encoding="utf-8")
-    await docs.check(await client.post(load, headers=control), 400)
+    await docs.check(await client.post(load, headers=control), 500)
+    (padded / "beta" / "maskserve.yaml").write_text("max_batch_size: 0\n", encoding="utf-8")
+    await docs.check(await client.post(load, headers=control), 409)
     await docs.check(await client.post(load.replace("beta", "gamma"), headers=control), 507)

@@ -9,11 +9,13 @@ import json
 import os
 import shutil
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import transformers
+import tritonclient.http
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from tritonclient.http.aio import InferenceServerClient
@@ -335,3 +337,133 @@ async def test_info_shows_each_models_state_and_memory(make_client: ClientFactor
     assert section["control_mode"] == "explicit" and section["models_memory_bytes"] == 2 * 1024 * MIB
     assert section["models"]["beta"]["state"] == "READY" and section["models"]["beta"]["memory_bytes"] > 0
     assert section["models"]["gamma"] == {"state": "UNAVAILABLE", "reason": "not loaded", "memory_bytes": None}
+
+
+async def wait_for_state(client: Client, name: str, state: str) -> None:
+    """Until the index lists ``name`` in ``state`` (generous: a busy machine loads slowly)."""
+    for _ in range(3000):
+        if (await index(client))[name]["state"] == state:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{name} never reached {state}: {(await index(client))[name]}")
+
+
+async def test_tritonclient_model_ready_is_false_for_a_model_not_serving_and_never_raises(
+    make_client: ClientFactory, model_repository: Path
+) -> None:
+    client = await explicit(make_client, model_repository, warmup=True)
+    address = f"{client.host}:{client.port}"
+
+    def readiness() -> dict[str, bool]:
+        with tritonclient.http.InferenceServerClient(address) as tc:
+            found = {name: tc.is_model_ready(name) for name in (*REPOSITORY_MODELS, "nosuch")}
+            return found | {"alpha/2": tc.is_model_ready("alpha", model_version="2")}
+
+    # gamma stays LOADING while the inference thread, where its warm-up passes run, is held.
+    held = threading.Event()
+    client.app[SERVICE_KEY].scheduler.executor.submit(held.wait, 60)
+    loading = asyncio.create_task(client.post("/v2/repository/models/gamma/load", headers=CONTROL))
+    try:
+        await wait_for_state(client, "gamma", "LOADING")
+        found = await asyncio.to_thread(readiness)
+    finally:
+        held.set()
+    assert found == {"alpha": True, "beta": False, "gamma": False, "nosuch": False, "alpha/2": False}
+    assert (await loading).status == 200
+    assert (await asyncio.to_thread(readiness))["gamma"] is True
+    assert (await client.post("/v2/repository/models/gamma/unload", headers=CONTROL)).status == 200
+    assert (await asyncio.to_thread(readiness))["gamma"] is False
+
+
+async def test_a_model_not_serving_is_not_ready_400_saying_why(
+    make_client: ClientFactory, model_repository: Path
+) -> None:
+    client = await explicit(make_client, model_repository)
+    for path, code, why in (
+        ("/v2/models/beta/ready", "model_not_loaded", "is not loaded (UNAVAILABLE"),
+        ("/v2/models/nosuch/ready", "not_found", "no model named 'nosuch'"),
+        ("/v2/models/alpha/versions/2/ready", "not_found", "no version '2'"),
+    ):
+        response = await client.get(path)
+        assert response.status == 400, path
+        problems = (await response.json())["problems"]
+        assert [problem["code"] for problem in problems] == [code] and why in problems[0]["message"], problems
+    assert (await client.get("/v2/models/alpha/ready")).status == 200
+
+
+INFER_BODY = json.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [PARIS]}]}).encode()
+
+
+async def in_two_parts(body: bytes, pause: float) -> AsyncIterator[bytes]:
+    """``body`` sent in two chunks ``pause`` seconds apart: the server reads it across several turns
+    of its loop, as it reads any client that streams its body, so a reload can come in between."""
+    yield body[: len(body) // 2]
+    await asyncio.sleep(pause)
+    yield body[len(body) // 2 :]
+
+
+async def test_three_reloads_under_six_clients_answer_every_request_200(
+    make_client: ClientFactory, model_repository: Path
+) -> None:
+    client = await explicit(make_client, model_repository)
+    assert (await client.post("/v2/repository/models/beta/load", headers=CONTROL)).status == 200
+    infer = INFER_BODY
+    # Six clients: two routes, three paces of sending a body.
+    bodies = (("/v2/models/beta/infer", infer), ("/models/beta", PARIS.encode()))
+    routes = [(path, body, pause) for path, body in bodies for pause in (0.001, 0.01, 0.05)]
+    reloaded = asyncio.Event()
+
+    async def reload() -> None:
+        try:
+            for top_k in (10, 11, 12):  # a new configuration each time: each a real reload
+                config = {"parameters": {"config": json.dumps({"max_top_k": top_k})}}
+                response = await client.post("/v2/repository/models/beta/load", json=config, headers=CONTROL)
+                assert response.status == 200, await response.text()
+        finally:
+            reloaded.set()
+
+    async def send(path: str, body: bytes, pause: float) -> list[int]:
+        statuses: list[int] = []
+        while not reloaded.is_set() and len(statuses) < 2000:  # bounded, whatever the machine's pace
+            async with client.post(path, data=in_two_parts(body, pause)) as response:
+                statuses.append(response.status)
+        return statuses
+
+    reloading = asyncio.create_task(reload())
+    sent = await asyncio.gather(*(send(*route) for route in routes))
+    await reloading
+    assert changes(client, "beta", "reload") == 3
+    assert client.app[SERVICE_KEY].models["beta"].settings.max_top_k == 12
+    assert all(statuses for statuses in sent), "a client sent nothing while the reloads ran"
+    assert {status for statuses in sent for status in statuses} == {200}, [
+        status for statuses in sent for status in statuses if status != 200
+    ]
+
+
+@pytest.mark.parametrize(("path", "body"), [("/v2/models/beta/infer", INFER_BODY), ("/models/beta", PARIS.encode())])
+async def test_a_request_whose_body_is_still_arriving_holds_its_model_through_a_reload(
+    make_client: ClientFactory, model_repository: Path, path: str, body: bytes
+) -> None:
+    client = await explicit(make_client, model_repository)
+    assert (await client.post("/v2/repository/models/beta/load", headers=CONTROL)).status == 200
+    old = client.app[SERVICE_KEY].models["beta"]
+    arrived = asyncio.Event()
+
+    async def slowly() -> AsyncIterator[bytes]:
+        yield body[:5]
+        await arrived.wait()
+        yield body[5:]
+
+    request = asyncio.create_task(client.post(path, data=slowly()))
+    await wait_until_active(old, 1)  # held from its headers, before its body
+    config = {"parameters": {"config": json.dumps({"max_top_k": 10})}}
+    reload = asyncio.create_task(client.post("/v2/repository/models/beta/load", json=config, headers=CONTROL))
+    for _ in range(3000):  # until the new model serves (the reload then retires the old one)
+        if client.app[SERVICE_KEY].models["beta"] is not old:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    assert not reload.done() and old.parts is not None  # the old model waits for the request it holds
+    arrived.set()
+    assert (await request).status == 200
+    assert (await reload).status == 200 and old.parts is None

@@ -9,6 +9,7 @@ import asyncio
 import json
 import queue
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import tritonclient.grpc.aio as triton_aio
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
+from maskserve.request.keys import SERVICE_KEY
 from maskserve.rpc.status import ERROR_FIELD_KEY, ERROR_TYPE_KEY, PUSHBACK_KEY, REQUEST_ID_KEY
 from maskserve.serving.costs import BatchReport
 from tests.conftest import CONTROL_KEY
@@ -476,3 +478,88 @@ async def test_on_demand_a_model_infer_loads_its_model(make_grpc: GrpcFactory, m
         answer = await client.infer("gamma", [text_input(PARIS)])
         assert len(json.loads(answer.as_numpy("predictions")[0])) == 5
         assert states(await client.get_model_repository_index())["gamma"] == "READY"
+
+
+async def wait_for_state(client: Any, name: str, state: str) -> None:
+    """Until the index lists ``name`` in ``state`` (generous: a busy machine loads slowly)."""
+    for _ in range(3000):
+        if states(await client.get_model_repository_index())[name] == state:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{name} never reached {state}")
+
+
+async def test_tritonclient_model_ready_is_false_for_a_model_not_serving_and_never_raises(
+    make_grpc: GrpcFactory, model_repository: Path
+) -> None:
+    app = await repository_app(make_grpc, model_repository, warmup=True)
+
+    def readiness() -> dict[str, bool]:
+        client = triton.InferenceServerClient(app.address)
+        try:
+            found = {name: client.is_model_ready(name) for name in ("alpha", "beta", "gamma", "nosuch")}
+            return found | {"alpha/2": client.is_model_ready("alpha", "2")}
+        finally:
+            client.close()
+
+    async with triton_aio.InferenceServerClient(app.address) as client:
+        # gamma stays LOADING while the inference thread, where its warm-up passes run, is held.
+        held = threading.Event()
+        app.http.app[SERVICE_KEY].scheduler.executor.submit(held.wait, 60)
+        loading = asyncio.create_task(client.load_model("gamma", headers=CONTROL))
+        try:
+            await wait_for_state(client, "gamma", "LOADING")
+            found = await asyncio.to_thread(readiness)
+            assert await client.is_model_ready("gamma") is False  # the asyncio client's too
+        finally:
+            held.set()
+        assert found == {"alpha": True, "beta": False, "gamma": False, "nosuch": False, "alpha/2": False}
+        await loading
+        assert (await asyncio.to_thread(readiness))["gamma"] is True
+        await client.unload_model("gamma", headers=CONTROL)
+        assert (await asyncio.to_thread(readiness))["gamma"] is False
+
+
+async def test_a_stream_error_answer_carries_its_requests_id(make_grpc: GrpcFactory) -> None:
+    app = await make_grpc()
+
+    async def requests() -> Any:
+        for number, text in enumerate([PARIS, "no mask here", PARIS]):
+            request = raw_request([text], raw=True, id=f"req-{number}")
+            if number == 2:
+                request.model_name = "bert"  # no such model
+            yield request
+
+    answers = [answer async for answer in app.stub.ModelStreamInfer(requests())]
+    assert [answer.infer_response.id for answer in answers] == ["req-0", "req-1", "req-2"]
+    assert [bool(answer.error_message) for answer in answers] == [False, True, True]
+    assert "holds no mask token" in answers[1].error_message
+    assert "no model named 'bert'" in answers[2].error_message
+
+
+@pytest.mark.parametrize("change", ["unload", "reload"])
+async def test_a_model_released_before_its_call_is_held_is_unavailable_or_served_by_the_reload(
+    make_grpc: GrpcFactory, model_repository: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    app = await repository_app(make_grpc, model_repository)
+    service = app.http.app[SERVICE_KEY]
+    async with triton_aio.InferenceServerClient(app.address) as client:
+        await client.load_model("beta", headers=CONTROL)
+        old = service.models["beta"]
+        if change == "unload":
+            await client.unload_model("beta", headers=CONTROL)
+        else:
+            await client.load_model("beta", headers=CONTROL, config=json.dumps({"max_top_k": 10}))
+        assert old.released
+        # The call resolves the model as it was a moment before (the race the hold closes).
+        stale = [old]
+        served = service.served
+        monkeypatch.setattr(service, "served", lambda name=None: stale.pop() if stale else served(name))
+        if change == "reload":
+            answer = await client.infer("beta", [text_input(PARIS)])
+            assert len(json.loads(answer.as_numpy("predictions")[0])) == 5 and not stale
+            return
+        with pytest.raises(InferenceServerException) as gone:
+            await client.infer("beta", [text_input(PARIS)])
+    assert gone.value.status() == "StatusCode.UNAVAILABLE" and "'beta'" in (gone.value.message() or "")
+    assert not stale
