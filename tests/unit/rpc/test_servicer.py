@@ -20,6 +20,7 @@ import tritonclient.grpc.aio as triton_aio
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
+from maskserve.request.keys import SERVICE_KEY
 from maskserve.rpc.status import ERROR_FIELD_KEY, ERROR_TYPE_KEY, PUSHBACK_KEY, REQUEST_ID_KEY
 from maskserve.serving.costs import BatchReport
 from tests.conftest import CONTROL_KEY
@@ -476,3 +477,34 @@ async def test_on_demand_a_model_infer_loads_its_model(make_grpc: GrpcFactory, m
         answer = await client.infer("gamma", [text_input(PARIS)])
         assert len(json.loads(answer.as_numpy("predictions")[0])) == 5
         assert states(await client.get_model_repository_index())["gamma"] == "READY"
+
+
+class Siblings:
+    """Sibling workers that remember what they were sent (and answer every request 200)."""
+
+    worker = "0"
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    async def expositions(self) -> list[tuple[str, bytes]]:
+        return []
+
+    async def forward(self, path: str, body: bytes, headers: dict[str, str]) -> list[tuple[str, int, bytes]]:
+        self.sent.append(path)
+        return [("1", 200, b"")]
+
+
+@pytest.mark.parametrize("name", ["small/unload?x=", "../x", "beta/unload?x=", "beta%2F..", ""])
+async def test_a_load_of_a_name_that_is_no_model_is_not_found_and_never_forwarded(
+    make_grpc: GrpcFactory, model_repository: Path, name: str
+) -> None:
+    app = await repository_app(make_grpc, model_repository)
+    siblings = app.http.app[SERVICE_KEY].peers = Siblings()
+    async with triton_aio.InferenceServerClient(app.address) as client:
+        for call in (client.load_model(name, headers=CONTROL), client.unload_model(name, headers=CONTROL)):
+            with pytest.raises(InferenceServerException) as refused:
+                await call
+            assert refused.value.status() == "StatusCode.NOT_FOUND"
+            assert "in the model repository; it holds 'alpha', 'beta', 'gamma'" in refused.value.message()
+    assert siblings.sent == []
