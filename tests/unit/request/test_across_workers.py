@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
-from maskserve.errors import MaskserveError, ModelConfigInvalid, ModelLoadFailed, ModelsMemoryExceeded, NotFound
+from maskserve.errors import ModelConfigInvalid, ModelLoadFailed, ModelsMemoryExceeded, NotFound
 from maskserve.request.across_workers import (
     ACTOR_HEADER,
     CHANGE_HEADER,
@@ -28,65 +27,8 @@ from maskserve.request.across_workers import (
     peer_failure,
     unload_everywhere,
 )
-from maskserve.service.model_control import IndexEntry
 from maskserve.service.registry import FillMaskService
-
-Answer = tuple[str, int, bytes]
-
-
-class FakeServed:
-    """Stands for a served model: only its identity matters here."""
-
-
-class FakeControl:
-    """The control's public calls over a dict of served models; a load of a name in ``failing`` fails."""
-
-    allows_changes = True
-
-    def __init__(self, service: FillMaskService, known: tuple[str, ...] = ("alpha", "beta", "gamma")) -> None:
-        self.service = service
-        self.known = known
-        self.failing: dict[str, MaskserveError] = {}
-        self.calls: list[tuple[str, str, dict[str, Any] | None, str]] = []
-
-    def knows(self, name: str) -> bool:
-        return name in self.known
-
-    def index(self, ready_only: bool = False) -> list[IndexEntry]:
-        entries = [
-            IndexEntry(name, "1", "READY" if name in self.service.models else "UNAVAILABLE", "", None)
-            for name in self.known
-        ]
-        return [entry for entry in entries if entry.state == "READY" or not ready_only]
-
-    async def load(
-        self, name: str, overrides: dict[str, Any] | None = None, *, reason: str = "request", actor: str = ""
-    ) -> None:
-        self.calls.append(("load", name, overrides, reason))
-        if name in self.failing:
-            raise self.failing[name]
-        self.service.models[name] = FakeServed()  # type: ignore[assignment]
-
-    async def unload(self, name: str, *, reason: str = "request", actor: str = "") -> None:
-        self.calls.append(("unload", name, None, reason))
-        self.service.models.pop(name, None)
-
-
-class FakePeers:
-    """Siblings that answer each request from ``answer(path, headers)``, and remember what they were sent."""
-
-    worker = "0"
-
-    def __init__(self, answer: Callable[[str, dict[str, str]], list[Answer]]) -> None:
-        self.answer = answer
-        self.sent: list[tuple[str, bytes, dict[str, str]]] = []
-
-    async def expositions(self) -> list[tuple[str, bytes]]:
-        return []
-
-    async def forward(self, path: str, body: bytes, headers: dict[str, str]) -> list[Answer]:
-        self.sent.append((path, body, headers))
-        return self.answer(path, headers)
+from tests.unit.request.conftest import Answer, FakeControl, FakePeers, FakeServed
 
 
 def error_body(kind: str, message: str) -> bytes:
@@ -100,14 +42,6 @@ def entry(name: str, state: str = "READY", reason: str = "") -> dict[str, Any]:
 
 FRESH = json.dumps({"fresh": True}).encode()
 RELOADED = json.dumps({"fresh": False}).encode()
-
-
-@pytest.fixture
-def service() -> Iterator[FillMaskService]:
-    made = FillMaskService.__new__(FillMaskService)
-    made.models = {}
-    made.control = FakeControl(made)  # type: ignore[assignment]
-    yield made
 
 
 def control(service: FillMaskService) -> Any:
