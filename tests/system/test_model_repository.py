@@ -160,7 +160,9 @@ def test_a_worker_gunicorn_restarts_serves_what_its_siblings_serve(two_workers: 
     victim = min(workers_of(arbiter))
     os.kill(victim, signal.SIGKILL)
     until(lambda: len(workers_of(arbiter)) == 2 and victim not in workers_of(arbiter))
-    until(lambda: both_workers_answer(url))
+    # The replacement loads the models named at start, then its siblings' (before its ports open):
+    # until then the index shows the workers disagreeing, and only the survivor takes connections.
+    until(lambda: both_workers_answer(url), timeout_s=240)
     assert "its siblings serve it" in two_workers.log()
     # Fresh connections land on both workers: each serves beta with the load's config (top_k 4
     # is past its max_top_k 3), and neither serves alpha, which was unloaded before the restart.

@@ -68,7 +68,8 @@ HEARTBEAT_S = 2.0
 
 
 class WorkerPeers:
-    """This worker's slot, and its siblings' metrics through their private sockets."""
+    """This worker's slot, and its siblings through their private sockets: their metrics, and the
+    model repository's changes and indexes (request/across_workers.py)."""
 
     def __init__(self, run_dir: Path, slot: int, settings: Settings) -> None:
         self.run_dir = run_dir
