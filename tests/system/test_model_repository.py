@@ -1,6 +1,8 @@
 """The model repository on a running maskserve process: with ``--workers 2`` a load or unload
-applies to every worker and the index agrees from any of them, and the memory a model took comes
-back once it is unloaded."""
+applies to every worker and the index agrees from any of them, a public client's peer headers
+change nothing of that, a worker gunicorn restarts serves what its siblings serve, and a load that
+fails on one worker is undone on the others; and the memory a model took comes back once it is
+unloaded."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -42,7 +45,18 @@ def index(url: str) -> dict[str, dict[str, str]]:
 
 
 @pytest.fixture
-def two_workers(tmp_path: Path, model_repository: Path) -> Iterator[ServerProcess]:
+def run_root() -> Iterator[Path]:
+    """The servers' temporary directory (TMPDIR), where the workers' private sockets are: short, as
+    a Unix socket's path must be."""
+    root = Path(tempfile.mkdtemp(prefix="msw-", dir="/tmp"))
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def two_workers(tmp_path: Path, model_repository: Path, run_root: Path) -> Iterator[ServerProcess]:
     server = start_maskserve(
         "--workers",
         "2",
@@ -54,6 +68,7 @@ def two_workers(tmp_path: Path, model_repository: Path) -> Iterator[ServerProces
         CONTROL_KEY,
         log_path=tmp_path / "workers.log",
         own_process_group=True,
+        env={"TMPDIR": str(run_root)},
     )
     try:
         yield server
@@ -94,6 +109,100 @@ def test_with_two_workers_a_load_and_an_unload_apply_to_every_worker(two_workers
     for _ in range(8):
         assert index(url)["beta"]["state"] == "UNAVAILABLE"
         assert post(url + "/models/beta", PARIS.encode())[0] == 404
+    assert "Traceback" not in two_workers.log()
+
+
+def served_by(url: str, model: str) -> set[str]:
+    """The workers that have answered a request to ``model``, from the server's metrics."""
+    metrics = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+    return {
+        line.split('worker="')[1].split('"')[0]
+        for line in metrics.splitlines()
+        if line.startswith("maskserve_requests_total")
+        and 'route="fill_mask_model"' in line
+        and f'model="{model}"' in line
+    }
+
+
+def workers_of(arbiter: int) -> set[int]:
+    return {int(child) for child in Path(f"/proc/{arbiter}/task/{arbiter}/children").read_text().split()}
+
+
+@pytest.mark.slow
+def test_a_public_clients_peer_headers_are_ignored_and_its_load_applied_by_both_workers(
+    two_workers: ServerProcess,
+) -> None:
+    url = two_workers.url
+    until(lambda: both_workers_answer(url))
+    posing = CONTROL | {"X-Maskserve-Peer": "1", "X-Maskserve-Actor": "mallory"}
+    status, body = post(url + "/v2/repository/models/beta/load", headers=posing)
+    assert status == 200 and body == b"", body  # the public answer, not a sibling's
+    for _ in range(16):
+        entry = index(url)["beta"]
+        assert entry["state"] == "READY" and "reason" not in entry, entry
+        assert post(url + "/models/beta", PARIS.encode())[0] == 200
+    assert served_by(url, "beta") == {"0", "1"}
+    log = two_workers.log()
+    loads = [line for line in log.splitlines() if "model load of 'beta' by " in line]
+    assert len(loads) == 2, log  # one line a worker
+    assert all(" by 127.0.0.1 (request " in line for line in loads) and "mallory" not in log
+
+
+@pytest.mark.slow
+def test_a_worker_gunicorn_restarts_serves_what_its_siblings_serve(two_workers: ServerProcess) -> None:
+    url, arbiter = two_workers.url, two_workers.process.pid
+    until(lambda: both_workers_answer(url) and len(workers_of(arbiter)) == 2)
+    config = json.dumps({"parameters": {"config": json.dumps({"max_top_k": 3})}}).encode()
+    status, body = post(url + "/v2/repository/models/beta/load", config, headers=CONTROL)
+    assert status == 200, body
+    status, body = post(url + "/v2/repository/models/alpha/unload", headers=CONTROL)
+    assert status == 200, body
+    victim = min(workers_of(arbiter))
+    os.kill(victim, signal.SIGKILL)
+    until(lambda: len(workers_of(arbiter)) == 2 and victim not in workers_of(arbiter))
+    # The replacement loads the models named at start, then its siblings' (before its ports open):
+    # until then the index shows the workers disagreeing, and only the survivor takes connections.
+    until(lambda: both_workers_answer(url), timeout_s=240)
+    assert "its siblings serve it" in two_workers.log()
+    # Fresh connections land on both workers: each serves beta with the load's config (top_k 4
+    # is past its max_top_k 3), and neither serves alpha, which was unloaded before the restart.
+    for _ in range(16):
+        assert index(url)["beta"]["state"] == "READY" and "reason" not in index(url)["beta"]
+        assert post(url + "/models/beta", PARIS.encode())[0] == 200
+        too_many = json.dumps({"inputs": PARIS, "parameters": {"top_k": 4}}).encode()
+        assert post(url + "/models/beta", too_many, {"Content-Type": "application/json"})[0] == 422
+        assert post(url + "/models/alpha", PARIS.encode())[0] == 404
+    assert served_by(url, "beta") == {"0", "1"}
+    assert "Traceback" not in two_workers.log()
+
+
+@pytest.mark.slow
+def test_a_load_a_worker_does_not_answer_is_undone_on_the_others(two_workers: ServerProcess, run_root: Path) -> None:
+    url = two_workers.url
+    until(lambda: both_workers_answer(url))
+    status, body = post(url + "/v2/repository/models/beta/load", headers=CONTROL)
+    assert status == 200, body
+    # A third worker's private socket that nothing answers on (a worker hung, or just dead).
+    (run_dir,) = run_root.glob("maskserve-workers-*")
+    silent = run_dir / "worker-7.sock"
+    silent.touch()
+    status, body = post(url + "/v2/repository/models/gamma/load", headers=CONTROL)
+    answer = json.loads(body)
+    assert status == 500 and answer["error_type"] == "model_load_failed", answer
+    assert answer["error"].startswith("model 'gamma' was not loaded on every worker: loaded on worker ")
+    assert answer["error"].count("and undone") == 2 and answer["error"].endswith("; worker 7: answered nothing")
+    # A reload cannot be undone: the answer says which worker serves which.
+    status, body = post(url + "/v2/repository/models/beta/load", headers=CONTROL)
+    assert status == 500 and json.loads(body)["error"] == (
+        "model 'beta' was not loaded on every worker: reloaded on worker 0; reloaded on worker 1; "
+        "worker 7: answered nothing"
+    )
+    silent.unlink()
+    for _ in range(8):
+        gamma = index(url)["gamma"]
+        assert gamma["state"] == "UNAVAILABLE" and "worker" not in gamma.get("reason", ""), gamma
+        assert index(url)["beta"]["state"] == "READY"
+        assert post(url + "/models/gamma", PARIS.encode())[0] == 404
     assert "Traceback" not in two_workers.log()
 
 

@@ -18,7 +18,8 @@ from typing import Any
 
 from maskserve.config.settings import Settings
 from maskserve.middleware.error_sanitizer import new_request_id
-from maskserve.request.model_repository import control_of, entry_json, everywhere, load_overrides, merged_index
+from maskserve.request.across_workers import load_everywhere, merged_index, unload_everywhere
+from maskserve.request.model_repository import checked_name, control_of, entry_json, load_overrides
 from maskserve.request.oip_model import (
     check_version,
     infer_parser,
@@ -134,18 +135,22 @@ class InferenceServicer:
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
         async def answer(state: RequestState) -> Any:
             control = control_of(self.service)
-            metadata = self._check_control(context)
-            name = request.model_name
+            authorization = self._check_control(context)
+            name = checked_name(control, request.model_name)  # before anything is loaded or forwarded
             parameters = {key: parameter_value(value) for key, value in request.parameters.items()}
             overrides = load_overrides(name, parameters)
             config = parameters.get("config")
-            actor = f"{context.peer()} (request {state.id})"
-
-            async def here() -> None:
-                await control.load(name, overrides, actor=actor)
-
             body = json.dumps({"parameters": {"config": config}} if config is not None else {}).encode()
-            await everywhere(self.service, f"/v2/repository/models/{name}/load", body, metadata, here, actor=actor)
+            await load_everywhere(
+                self.service,
+                control,
+                name,
+                overrides,
+                body=body,
+                authorization=authorization,
+                actor=f"{context.peer()} (request {state.id})",
+                change=state.id,
+            )
             return _response("RepositoryModelLoad")
 
         return await self.calls.unary("RepositoryModelLoad", context, answer, control=True)
@@ -153,15 +158,12 @@ class InferenceServicer:
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
         async def answer(state: RequestState) -> Any:
             control = control_of(self.service)
-            metadata = self._check_control(context)
-            name = request.model_name
-
+            authorization = self._check_control(context)
+            name = checked_name(control, request.model_name)
             actor = f"{context.peer()} (request {state.id})"
-
-            async def here() -> None:
-                await control.unload(name, actor=actor)
-
-            await everywhere(self.service, f"/v2/repository/models/{name}/unload", b"{}", metadata, here, actor=actor)
+            await unload_everywhere(
+                self.service, control, name, authorization=authorization, actor=actor, change=state.id
+            )
             return _response("RepositoryModelUnload")
 
         return await self.calls.unary("RepositoryModelUnload", context, answer, control=True)

@@ -22,7 +22,7 @@ import gc
 import logging
 import signal
 import socket
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from aiohttp import web
@@ -137,12 +137,17 @@ def make_runner(app: web.Application) -> web.AppRunner:
 
 
 async def serve(
-    app: web.Application, sockets: Sequence[socket.socket] = (), private_socket: Path | None = None
+    app: web.Application,
+    sockets: Sequence[socket.socket] = (),
+    private_socket: Path | None = None,
+    before_public: Callable[[web.Application], Awaitable[None]] | None = None,
 ) -> None:
     """Serve ``app`` until a stop signal has been followed through; raises OSError if it cannot listen.
 
     Listens on the settings' host and port, or on ``sockets`` already bound (a process manager's),
-    and on ``private_socket``, a Unix socket for the server's own processes (workers.py).
+    and on ``private_socket``, a Unix socket for the server's own processes (workers.py). The
+    private socket opens first, then ``before_public`` runs (a worker catching up with its
+    siblings, which reach it from then on), then the public listeners open.
     """
     settings = service_of(app).settings
     runner = make_runner(app)
@@ -157,15 +162,20 @@ async def serve(
     signals = StopSignals(app)
     try:
         guard = service_of(app).connections
-        sites: list[web.BaseSite] = (
+        sites: list[web.BaseSite] = []
+        if private_socket is not None:
+            sites.append(web.UnixSite(runner, str(private_socket)))
+            await sites[-1].start()
+        if before_public is not None:
+            await before_public(app)
+        public: list[web.BaseSite] = (
             [GuardedSockSite(runner, sock, guard) for sock in sockets]
             if sockets
             else [GuardedTCPSite(runner, settings.host, settings.port, guard)]
         )
-        if private_socket is not None:
-            sites.append(web.UnixSite(runner, str(private_socket)))
-        for site in sites:
+        for site in public:
             await site.start()
+        sites = public + sites
         signals.install()
         served = ", ".join(service_of(app).models)
         log.info("serving %s on %s", served, ", ".join(site.name for site in sites))

@@ -14,7 +14,10 @@ follows a stop signal with the same drain as a single process (serve.py).
 ``/metrics`` on any worker reports the whole server: each worker also listens on a private Unix
 socket in a directory only this server uses, and the worker that is scraped asks the others for
 their own series (``?scope=worker``) and labels every series with its worker's slot. Slots
-``0``..``N-1`` are stable: a replacement worker takes its predecessor's.
+``0``..``N-1`` are stable: a replacement worker takes its predecessor's. The same sockets carry
+the model repository's changes from worker to worker, and a worker that starts after its
+siblings loads what they serve before it opens its public ports
+(``request/across_workers.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import socket
 import sys
 import tempfile
 import threading
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -44,9 +48,10 @@ from gunicorn.workers.base import Worker
 
 from maskserve.config.model_configs import model_configs
 from maskserve.config.settings import Settings
-from maskserve.http.app import create_app, inference_thread, load_models
+from maskserve.http.app import create_app, grpc_context, inference_thread, load_models
 from maskserve.middleware.auth import parse_api_keys
 from maskserve.model_api import FillMaskModel
+from maskserve.request.across_workers import INDEX_PATH, join_siblings
 from maskserve.request.keys import service_of
 from maskserve.server.serve import serve
 
@@ -54,18 +59,26 @@ log = logging.getLogger("maskserve")
 
 # A sibling that has not answered its part of a scrape in this time is left out of it.
 PEER_SCRAPE_TIMEOUT_S = 2.0
+# A sibling that has not given its index in this time is counted as not answering.
+PEER_INDEX_TIMEOUT_S = 10.0
+# Added to --model-load-timeout for a forwarded load or unload: the answer's way back.
+PEER_CHANGE_MARGIN_S = 30.0
 # Seconds between heartbeats to the arbiter, which restarts a worker silent for --timeout (30 s).
 HEARTBEAT_S = 2.0
 
 
 class WorkerPeers:
-    """This worker's slot, and its siblings' metrics through their private sockets."""
+    """This worker's slot, and its siblings through their private sockets: their metrics, and the
+    model repository's changes and indexes (request/across_workers.py)."""
 
-    def __init__(self, run_dir: Path, slot: int, api_key: str | None) -> None:
+    def __init__(self, run_dir: Path, slot: int, settings: Settings) -> None:
         self.run_dir = run_dir
         self.worker = str(slot)
-        keys = parse_api_keys(api_key)
+        keys = parse_api_keys(settings.api_key)
         self._headers = {"Authorization": f"Bearer {keys[0]}"} if keys else {}
+        # A forwarded load takes as long as the model's load may (--model-load-timeout), and a
+        # margin; a sibling that has not answered by then (stopped, or hung) fails the change.
+        self._change_s = settings.model_load_timeout + PEER_CHANGE_MARGIN_S
 
     @staticmethod
     def socket_path(run_dir: Path, slot: int) -> Path:
@@ -78,9 +91,9 @@ class WorkerPeers:
         return [(slot, body) for slot, status, body in answers if status == 200]
 
     async def forward(self, path: str, body: bytes, headers: dict[str, str]) -> list[tuple[str, int, bytes]]:
-        # A load takes as long as its model does: bounded by the request's own deadline on the
-        # sibling, not here.
-        ask = functools.partial(self._ask, "POST", path, data=body, headers=headers, total_s=None)
+        # The index answers at once; a load takes as long as its model does.
+        total_s = PEER_INDEX_TIMEOUT_S if path == INDEX_PATH else self._change_s
+        ask = functools.partial(self._ask, "POST", path, data=body, headers=headers, total_s=total_s)
         return list(await asyncio.gather(*(ask(sibling) for sibling in self._siblings())))
 
     def _siblings(self) -> list[Path]:
@@ -159,12 +172,18 @@ class MaskserveWorker(Worker):  # type: ignore[misc]
         settings: Settings = self.app.settings
         app = create_app(settings, engines=self.models, thread=self.thread)
         slot: int = self.slot
-        service_of(app).peers = WorkerPeers(self.app.run_dir, slot, settings.api_key)
+        service_of(app).peers = WorkerPeers(self.app.run_dir, slot, settings)
         private = WorkerPeers.socket_path(self.app.run_dir, slot)
         private.unlink(missing_ok=True)  # a dead predecessor's
+        # A worker that starts after its siblings (late, or in place of a dead one) serves what
+        # they serve before it takes a connection: once in the app's start-up, before the gRPC
+        # port opens; and again once its private socket is open (from then on every change
+        # reaches it), for what changed in between, before the public port opens.
+        contexts = app.cleanup_ctx
+        contexts.insert(contexts.index(grpc_context) if grpc_context in contexts else len(contexts), _joined)
         heartbeat = asyncio.create_task(self._heartbeat(app))
         try:
-            await serve(app, sockets=[s.sock for s in self.sockets], private_socket=private)
+            await serve(app, sockets=[s.sock for s in self.sockets], private_socket=private, before_public=_join)
         finally:
             heartbeat.cancel()
 
@@ -176,6 +195,15 @@ class MaskserveWorker(Worker):  # type: ignore[misc]
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
             await asyncio.sleep(HEARTBEAT_S)
+
+
+async def _joined(app: web.Application) -> AsyncIterator[None]:
+    await _join(app)
+    yield
+
+
+async def _join(app: web.Application) -> None:
+    await join_siblings(service_of(app))
 
 
 class WorkersApplication(BaseApplication):  # type: ignore[misc]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import threading
@@ -467,3 +468,58 @@ async def test_a_request_whose_body_is_still_arriving_holds_its_model_through_a_
     arrived.set()
     assert (await request).status == 200
     assert (await reload).status == 200 and old.parts is None
+
+
+class Siblings:
+    """Sibling workers that answer every forwarded request with ``status`` (a load: afresh), and
+    remember what they were sent."""
+
+    worker = "0"
+
+    def __init__(self, status: int = 200) -> None:
+        self.status = status
+        self.sent: list[tuple[str, dict[str, str]]] = []
+
+    async def expositions(self) -> list[tuple[str, bytes]]:
+        return []
+
+    async def forward(self, path: str, body: bytes, headers: dict[str, str]) -> list[tuple[str, int, bytes]]:
+        self.sent.append((path, headers))
+        if path.endswith("/unload"):
+            return [("1", 200, b"")]
+        return [("1", self.status, b'{"fresh": true}' if self.status == 200 else b"")]
+
+
+async def test_a_public_clients_peer_headers_are_ignored_and_its_load_applied_everywhere(
+    make_client: ClientFactory, model_repository: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = await explicit(make_client, model_repository)
+    siblings = client.app[SERVICE_KEY].peers = Siblings()
+    caplog.set_level(logging.INFO, "maskserve.models")
+    posing = CONTROL | {"X-Maskserve-Peer": "1", "X-Maskserve-Actor": "mallory", "X-Maskserve-Change": "x"}
+    response = await client.post("/v2/repository/models/beta/load", headers=posing)
+    assert response.status == 200 and await response.read() == b""  # the public answer, not a sibling's
+    ((path, headers),) = siblings.sent
+    assert path == "/v2/repository/models/beta/load"
+    assert headers["X-Maskserve-Actor"].startswith("127.0.0.1 (request ") and headers["X-Maskserve-Change"] != "x"
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("model load of 'beta'")]
+    assert " by 127.0.0.1 (request " in line and "mallory" not in caplog.text
+    # Its index is the whole server's (merged from the siblings'), not this worker's own.
+    assert (await client.post("/v2/repository/index", headers={"X-Maskserve-Peer": "1"})).status == 200
+    assert siblings.sent[-1][0] == "/v2/repository/index"
+
+
+async def test_a_load_that_a_sibling_did_not_answer_is_undone_here(
+    make_client: ClientFactory, model_repository: Path
+) -> None:
+    client = await explicit(make_client, model_repository)
+    siblings = client.app[SERVICE_KEY].peers = Siblings(status=0)
+    response = await client.post("/v2/repository/models/beta/load", headers=CONTROL)
+    answer = await response.json()
+    assert response.status == 500 and answer["error_type"] == "model_load_failed"
+    assert answer["error"] == (
+        "model 'beta' was not loaded on every worker: loaded on worker 0 and undone; worker 1: answered nothing"
+    )
+    assert "beta" not in client.app[SERVICE_KEY].models
+    assert changes(client, "beta", "unload", reason="undo") == 1
+    assert len(siblings.sent) == 1  # the sibling never loaded it: nothing to undo there

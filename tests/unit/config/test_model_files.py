@@ -54,7 +54,10 @@ def test_a_tokenizer_file_cut_short_does_not_count(folder: Path) -> None:
 
 
 def test_a_shard_named_by_the_index_but_absent_is_named(folder: Path) -> None:
-    index = {"metadata": {}, "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    index = {
+        "metadata": {},
+        "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"},
+    }
     (folder / "model.safetensors").rename(folder / "model-00001-of-00002.safetensors")
     (folder / "model.safetensors.index.json").write_text(json.dumps(index), encoding="utf-8")
     assert missing_parts(folder) == ["model-00002-of-00002.safetensors (absent or incomplete)"]

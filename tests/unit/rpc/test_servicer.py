@@ -563,3 +563,34 @@ async def test_a_model_released_before_its_call_is_held_is_unavailable_or_served
             await client.infer("beta", [text_input(PARIS)])
     assert gone.value.status() == "StatusCode.UNAVAILABLE" and "'beta'" in (gone.value.message() or "")
     assert not stale
+
+
+class Siblings:
+    """Sibling workers that remember what they were sent (and answer every request 200)."""
+
+    worker = "0"
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    async def expositions(self) -> list[tuple[str, bytes]]:
+        return []
+
+    async def forward(self, path: str, body: bytes, headers: dict[str, str]) -> list[tuple[str, int, bytes]]:
+        self.sent.append(path)
+        return [("1", 200, b"")]
+
+
+@pytest.mark.parametrize("name", ["small/unload?x=", "../x", "beta/unload?x=", "beta%2F..", ""])
+async def test_a_load_of_a_name_that_is_no_model_is_not_found_and_never_forwarded(
+    make_grpc: GrpcFactory, model_repository: Path, name: str
+) -> None:
+    app = await repository_app(make_grpc, model_repository)
+    siblings = app.http.app[SERVICE_KEY].peers = Siblings()
+    async with triton_aio.InferenceServerClient(app.address) as client:
+        for call in (client.load_model(name, headers=CONTROL), client.unload_model(name, headers=CONTROL)):
+            with pytest.raises(InferenceServerException) as refused:
+                await call
+            assert refused.value.status() == "StatusCode.NOT_FOUND"
+            assert "in the model repository; it holds 'alpha', 'beta', 'gamma'" in refused.value.message()
+    assert siblings.sent == []

@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import shutil
 import signal
+import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from maskserve.config.settings import Settings
 from maskserve.http.app import create_app
@@ -147,3 +150,39 @@ async def test_once_serving_the_long_lived_heap_is_out_of_the_collectors_sight()
         if not server.done():
             server.cancel()
         gc.unfreeze()  # give the test process its collector back
+
+
+async def test_the_private_socket_opens_before_the_public_port_and_the_step_between_them() -> None:
+    """A worker catching up with its siblings does it with its private socket open (a sibling's
+    change reaches it) and its public port not yet (no client meets it half-joined)."""
+    port = free_port()
+    app = create_app(Settings(port=port), engine=ControlledModel())
+    private = Path(tempfile.mkdtemp(prefix="mss-", dir="/tmp")) / "worker-0.sock"
+    seen: dict[str, bool] = {}
+
+    async def between(app: web.Application) -> None:
+        async with (
+            aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(private))) as session,
+            session.get("http://worker/livez") as live,
+        ):
+            seen["private"] = live.status == 200
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            seen["public"] = False
+        else:
+            seen["public"] = True
+            writer.close()
+
+    server = asyncio.create_task(serve(app, private_socket=private, before_public=between))
+    try:
+        async with aiohttp.ClientSession() as session:
+            await wait_until_listening(session, f"http://127.0.0.1:{port}/")
+        assert seen == {"private": True, "public": False}
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.wait_for(server, 10)
+    finally:
+        if not server.done():
+            server.cancel()
+        gc.unfreeze()
+        shutil.rmtree(private.parent, ignore_errors=True)
