@@ -23,7 +23,7 @@ from aiohttp.test_utils import TestClient
 
 from maskserve.model_api import FillMaskModel, Prediction, Progress, Query, TextPredictions, Words
 from maskserve.request.keys import SERVICE_KEY
-from maskserve.service.registry import ModelParts
+from maskserve.service.served_model import ModelParts
 from maskserve.serving.batcher import Batcher
 
 

@@ -33,7 +33,7 @@ from maskserve.request.oip_model import (
 )
 from maskserve.request.run_task import model_for_work, read_body, served_model, timing_headers, windows_header
 from maskserve.service.health import live, ready
-from maskserve.service.registry import ServedModel
+from maskserve.service.served_model import ServedModel
 from maskserve.tasks.oip_tensors import HEADER_LENGTH, infer_response
 
 # The protocol says a failed health check is a 4xx; Triton answers 400, and so does maskserve.

@@ -16,11 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from maskserve.config.model_repository import ModelRepository
-from maskserve.config.model_settings import NAME_PATTERN, PER_MODEL_SETTINGS, read_yaml, validated
+from maskserve.config.model_settings import (
+    NAME_PATTERN,
+    PER_MODEL_SETTINGS,
+    ModelConfig,
+    read_yaml,
+    validated,
+    with_overrides,
+)
 
 # Both live in model_settings.py; "as" names them here too, for the modules that import them from here.
-from maskserve.config.model_settings import ModelConfig as ModelConfig
-from maskserve.config.model_settings import with_overrides as with_overrides
 from maskserve.config.settings import NamedSettingsError, Settings
 
 MODELS_FILE_SCHEMA: dict[str, Any] = {

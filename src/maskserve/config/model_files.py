@@ -85,7 +85,7 @@ def _whole_weights(path: Path) -> bool:
                     return False
                 header = json.loads(f.read(length))
             ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
-            return path.stat().st_size == 8 + length + max(ends, default=0)
+            return bool(path.stat().st_size == 8 + length + max(ends, default=0))
         # A zip is checked by its end record; an old pickle-only file has none to check.
         return path.stat().st_size > 0 and (zipfile.is_zipfile(path) or not _starts_as_zip(path))
     except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error):

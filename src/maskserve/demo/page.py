@@ -39,7 +39,7 @@ from maskserve.errors import InvalidBody, MaskserveError
 from maskserve.model_api import describe_model
 from maskserve.request.keys import service_of
 from maskserve.request.run_task import admit_at_door, note_error, read_form, run_task, served_model, timing_headers
-from maskserve.service.registry import ServedModel
+from maskserve.service.served_model import ServedModel
 from maskserve.tasks.fill_mask_request import FillMaskRequest
 
 log = logging.getLogger(__name__)

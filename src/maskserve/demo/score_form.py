@@ -28,7 +28,7 @@ from maskserve.demo.shown import (
 )
 from maskserve.errors import MaskserveError
 from maskserve.request.run_task import admit_at_door, note_error, run_task, timing_headers
-from maskserve.service.registry import ServedModel
+from maskserve.service.served_model import ServedModel
 from maskserve.serving.work_queue import Answer, slowest
 from maskserve.tasks.pseudo_likelihood import TextScore
 from maskserve.tasks.score_request import DEFAULT_METRIC, ScoreRequest

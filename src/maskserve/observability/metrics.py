@@ -29,11 +29,9 @@ from prometheus_client import (
 
 from maskserve import __version__
 from maskserve.model_api import describe_model
-from maskserve.observability.live_state import ConnectionState, Lane, ServingState
+from maskserve.observability.live_state import ConnectionState, Lane, ModelsState, ServingState
 
 # They live in live_state.py and peers.py; "as" names them here too, for the modules that import them from here.
-from maskserve.observability.live_state import ModelsState as ModelsState
-from maskserve.observability.peers import Peers as Peers
 from maskserve.serving.admission import Admission
 from maskserve.serving.batcher import Batcher
 from maskserve.serving.connection_guard import ConnectionGuard

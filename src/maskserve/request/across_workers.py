@@ -30,7 +30,7 @@ from urllib.parse import quote
 from aiohttp import hdrs, web
 
 from maskserve.errors import MaskserveError, ModelLoadFailed, errors_by_kind
-from maskserve.observability.metrics import Peers
+from maskserve.observability.peers import Peers
 from maskserve.request.model_repository import entry_json
 from maskserve.request.worker_loads import load_here, made, reworded, serving_config, undo_here, unload_here
 from maskserve.service.model_control import ModelControl

@@ -17,7 +17,8 @@ from maskserve.model_api import describe_model
 from maskserve.request.run_task import run_recorded
 from maskserve.request.state import RequestState
 from maskserve.service.health import Health, Problem, ready
-from maskserve.service.registry import MODEL_VERSION, FillMaskService, ServedModel
+from maskserve.service.registry import FillMaskService
+from maskserve.service.served_model import MODEL_VERSION, ServedModel
 from maskserve.serving.work_queue import Answer
 from maskserve.tasks.fill_mask_request import FillMaskRequest
 from maskserve.tasks.oip_tensors import DATATYPE, INPUT_NAME, OUTPUT_NAMES, InferRequest, InferRequestParser

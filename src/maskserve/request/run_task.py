@@ -21,7 +21,7 @@ from maskserve.errors import BodyTimeout, InvalidHeader, MaskserveError, ModelUn
 from maskserve.request.deadlines import request_deadline
 from maskserve.request.keys import service_of, state_of
 from maskserve.request.state import RequestState
-from maskserve.service.registry import ServedModel
+from maskserve.service.served_model import ServedModel
 from maskserve.serving.work_queue import Answer, slowest
 from maskserve.tasks.task import AnswerT, PlanT, Ran, RequestT, Task
 

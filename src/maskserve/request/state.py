@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from maskserve.errors import MaskserveError
 from maskserve.observability.request_trace import NO_TRACE, RequestTrace
-from maskserve.service.registry import ServedModel
+from maskserve.service.served_model import ServedModel
 from maskserve.serving.work_queue import Answer
 
 

@@ -12,7 +12,8 @@ from typing import Any
 
 from maskserve.errors import MaskserveError, ModelLoadFailed
 from maskserve.service.model_control import ModelControl
-from maskserve.service.registry import FillMaskService, ServedModel
+from maskserve.service.registry import FillMaskService
+from maskserve.service.served_model import ServedModel
 
 
 @dataclass(frozen=True)

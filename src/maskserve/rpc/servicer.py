@@ -35,7 +35,7 @@ from maskserve.rpc.protocol import ModelConfig, ModelStreamInferResponse, method
 from maskserve.rpc.status import REQUEST_ID_KEY, status_code, trailers
 from maskserve.rpc.tensors import infer_response, parameter_value, parse_infer
 from maskserve.service.health import live, ready
-from maskserve.service.registry import MODEL_VERSION, ServedModel
+from maskserve.service.served_model import MODEL_VERSION, ServedModel
 from maskserve.tasks.oip_tensors import INPUT_NAME, OUTPUT_NAMES
 
 # The RPCs answered without an API key, as their REST routes are: probes hold no secrets.

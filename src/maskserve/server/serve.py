@@ -138,13 +138,14 @@ def make_runner(app: web.Application) -> web.AppRunner:
 
 async def serve(
     app: web.Application,
-    sockets: Sequence[socket.socket] = (),
+    sockets: Sequence[socket.socket] | Callable[[], Sequence[socket.socket]] = (),
     private_socket: Path | None = None,
     before_public: Callable[[web.Application], Awaitable[None]] | None = None,
 ) -> None:
     """Serve ``app`` until a stop signal has been followed through; raises OSError if it cannot listen.
 
-    Listens on the settings' host and port, or on ``sockets`` already bound (a process manager's),
+    Listens on the settings' host and port, or on ``sockets`` already bound (a process manager's;
+    a callable opens them once the app has started, so that no connection queues behind a load),
     and on ``private_socket``, a Unix socket for the server's own processes (workers.py). The
     private socket opens first, then ``before_public`` runs (a worker catching up with its
     siblings, which reach it from then on), then the public listeners open.
@@ -168,9 +169,10 @@ async def serve(
             await sites[-1].start()
         if before_public is not None:
             await before_public(app)
+        bound = sockets() if callable(sockets) else sockets
         public: list[web.BaseSite] = (
-            [GuardedSockSite(runner, sock, guard) for sock in sockets]
-            if sockets
+            [GuardedSockSite(runner, sock, guard) for sock in bound]
+            if bound
             else [GuardedTCPSite(runner, settings.host, settings.port, guard)]
         )
         for site in public:

@@ -32,9 +32,7 @@ import signal
 import socket
 import sys
 import tempfile
-import threading
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +44,10 @@ from gunicorn.arbiter import Arbiter
 from gunicorn.errors import HaltServer
 from gunicorn.workers.base import Worker
 
-from maskserve.config.model_configs import model_configs
-from maskserve.config.settings import Settings
-from maskserve.http.app import create_app, grpc_context, inference_thread, load_models
+from maskserve.config.model_source import ModelLoadError
+from maskserve.config.settings import Settings, SettingsError
+from maskserve.http.app import create_app, grpc_context
 from maskserve.middleware.auth import parse_api_keys
-from maskserve.model_api import FillMaskModel
 from maskserve.request.across_workers import INDEX_PATH, join_siblings
 from maskserve.request.keys import service_of
 from maskserve.server.serve import serve
@@ -128,49 +125,25 @@ class WorkerPeers:
 class MaskserveWorker(Worker):  # type: ignore[misc]
     """A gunicorn worker that runs one whole maskserve (every model) on its own SO_REUSEPORT socket."""
 
-    models: dict[str, FillMaskModel]  # every model the settings name, by name
-    thread: ThreadPoolExecutor  # the inference thread the models were loaded on
     sockets: list[Any]  # gunicorn's listeners; .sock is the socket
 
     def load_wsgi(self) -> None:
-        # Loaded here, before gunicorn counts the worker as booted: a model that cannot be served
-        # fails the boot, and the arbiter stops the server instead of restarting it for ever.
-        settings: Settings = self.app.settings
-        beating = threading.Event()
-
-        def heartbeat() -> None:  # a large model takes longer to load than gunicorn's --timeout
-            while not beating.wait(HEARTBEAT_S):
-                self.notify()
-
-        thread = threading.Thread(target=heartbeat, name="maskserve-heartbeat", daemon=True)
-        thread.start()
-        from maskserve.engine import BackendUnavailable, ModelLoadError
-
-        # gunicorn opened this worker's SO_REUSEPORT socket at the fork: close it while the model
-        # loads, or the kernel would queue connections on it that nothing accepts yet.
+        # gunicorn opened this worker's SO_REUSEPORT socket at the fork: close it while the models
+        # load (in the app's start-up, the one load path every model takes), or the kernel would
+        # queue connections on it that nothing accepts yet. It opens again once they serve.
         sock.close_sockets(self.sockets, unlink=False)
-        self.thread = inference_thread()
-        try:
-            # On the thread that will run them (app.inference_thread says why): every model.
-            self.models = self.thread.submit(load_models, model_configs(settings)).result()
-        except ModelLoadError as exc:
-            log.error("cannot start: %s", exc)
-            sys.exit(Arbiter.WORKER_BOOT_ERROR)  # one line, no traceback; the arbiter then stops
-        except BackendUnavailable as exc:
-            log.error("cannot start: %s", exc)
-            # gunicorn's other halting code, so that the server exits 2 as a single process does.
-            sys.exit(Arbiter.APP_LOAD_ERROR)
-        finally:
-            beating.set()
-            thread.join()
+        self.sockets = []
+
+    def _public_sockets(self) -> list[socket.socket]:
         self.sockets = sock.create_sockets(self.cfg, self.log)
+        return [s.sock for s in self.sockets]
 
     def run(self) -> None:
         asyncio.run(self._serve())
 
     async def _serve(self) -> None:
         settings: Settings = self.app.settings
-        app = create_app(settings, engines=self.models, thread=self.thread)
+        app = create_app(settings)
         slot: int = self.slot
         service_of(app).peers = WorkerPeers(self.app.run_dir, slot, settings)
         private = WorkerPeers.socket_path(self.app.run_dir, slot)
@@ -181,9 +154,19 @@ class MaskserveWorker(Worker):  # type: ignore[misc]
         # reaches it), for what changed in between, before the public port opens.
         contexts = app.cleanup_ctx
         contexts.insert(contexts.index(grpc_context) if grpc_context in contexts else len(contexts), _joined)
+        from maskserve.engine import BackendUnavailable  # after the fork: the arbiter never imports torch
+
+        # The arbiter restarts a worker silent for its --timeout: the loop keeps beating while the
+        # models load on threads of their own.
         heartbeat = asyncio.create_task(self._heartbeat(app))
         try:
-            await serve(app, sockets=[s.sock for s in self.sockets], private_socket=private, before_public=_join)
+            await serve(app, sockets=self._public_sockets, private_socket=private, before_public=_join)
+        except (ModelLoadError, BackendUnavailable, SettingsError) as exc:
+            log.error("cannot start: %s", exc)
+            # A model that cannot be served: WORKER_BOOT_ERROR, so that the arbiter stops rather
+            # than restart it for ever (the server exits 1); a backend that cannot serve it or a
+            # setting the models cannot live with: APP_LOAD_ERROR (exit 2), as a single process.
+            sys.exit(Arbiter.WORKER_BOOT_ERROR if isinstance(exc, ModelLoadError) else Arbiter.APP_LOAD_ERROR)
         finally:
             heartbeat.cancel()
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import TypeVar
 
 from maskserve.config.model_settings import ModelConfig
@@ -34,7 +34,9 @@ LoadEngine = Callable[[ModelConfig, bool], FillMaskModel]
 class EngineLoader:
     """Runs the loads, one at a time, and measures what each one takes."""
 
-    def __init__(self, load_engine: LoadEngine, budget: ModelBudget, hand_back: Callable[[], Awaitable[None]]) -> None:
+    def __init__(
+        self, load_engine: LoadEngine, budget: ModelBudget, hand_back: Callable[[], Coroutine[None, None, None]]
+    ) -> None:
         self.load_engine = load_engine
         self.budget = budget
         # Collects and trims what a load dropped; run once an abandoned load's thread ends.
@@ -66,7 +68,7 @@ class EngineLoader:
         """An abandoned load's thread has ended: drop what it made, then count its memory back."""
         if not done.cancelled():
             done.exception()  # retrieved, so that asyncio logs nothing: the load already failed
-        task = asyncio.get_running_loop().create_task(self.hand_back())
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(self.hand_back())
         task.add_done_callback(lambda _: self.budget.released(ticket))
 
     def _measured(self, config: ModelConfig, at_start: bool) -> tuple[FillMaskModel, int]:

@@ -24,8 +24,6 @@ from maskserve.observability.metrics import Metrics
 from maskserve.observability.peers import Peers
 from maskserve.service.lifecycle import Lifecycle
 from maskserve.service.model_control import ModelControl
-from maskserve.service.served_model import MODEL_VERSION as MODEL_VERSION
-from maskserve.service.served_model import ModelParts as ModelParts
 from maskserve.service.served_model import ModelTable, ServedModel
 from maskserve.serving.connection_guard import ConnectionGuard
 from maskserve.serving.scheduler import Scheduler

@@ -431,8 +431,9 @@ async def produce_repository_responses(
         await docs.check(await client.post(path, headers=control), 200)
     bad_config = {"parameters": {"config": json.dumps({"max_batch_size": 0})}}
     await docs.check(await client.post(load, json=bad_config, headers=control), 400)
-    (padded / "beta" / "config.json").write_text("{", encoding="utf-8")
-    await docs.check(await client.post(load, headers=control), 500)
     (padded / "beta" / "maskserve.yaml").write_text("max_batch_size: 0\n", encoding="utf-8")
     await docs.check(await client.post(load, headers=control), 409)
+    (padded / "beta" / "maskserve.yaml").unlink()
+    (padded / "beta" / "config.json").write_text('{"model_type": "nosuch"}', encoding="utf-8")
+    await docs.check(await client.post(load, headers=control), 500)
     await docs.check(await client.post(load.replace("beta", "gamma"), headers=control), 507)

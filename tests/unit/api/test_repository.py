@@ -23,7 +23,7 @@ from tritonclient.http.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
 from maskserve.request.keys import SERVICE_KEY
-from maskserve.service.registry import ServedModel
+from maskserve.service.served_model import ServedModel
 from tests.conftest import CONTROL_KEY, REPOSITORY_MODELS, ClientFactory
 
 Client = TestClient[web.Request, web.Application]

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
+from maskserve.config.settings import Settings
 from maskserve.errors import MaskserveError
-from maskserve.service.model_control import IndexEntry
+from maskserve.service.model_catalog import IndexEntry
 from maskserve.service.registry import FillMaskService
 
 Answer = tuple[str, int, bytes]
@@ -72,7 +73,7 @@ class FakePeers:
 
 @pytest.fixture
 def service() -> Iterator[FillMaskService]:
-    made = FillMaskService.__new__(FillMaskService)
-    made.models = {}
+    made = FillMaskService(Settings())
+    made.models.clear()  # nothing serves until a test loads it
     made.control = FakeControl(made)  # type: ignore[assignment]
     yield made

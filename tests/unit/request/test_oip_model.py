@@ -18,7 +18,7 @@ from maskserve.request.oip_model import (
     server_metadata_of,
 )
 from maskserve.request.state import RequestState
-from maskserve.service.registry import MODEL_VERSION
+from maskserve.service.served_model import MODEL_VERSION
 from maskserve.tasks.oip_tensors import InferRequestParser
 from tests.conftest import ClientFactory
 

@@ -14,7 +14,7 @@ from aiohttp.typedefs import Handler, Middleware
 from maskserve.config.settings import Settings
 from maskserve.request.keys import SERVICE_KEY
 from maskserve.request.run_task import served_model, timing_headers
-from maskserve.service.registry import ServedModel
+from maskserve.service.served_model import ServedModel
 from maskserve.serving.work_queue import Answer
 from tests.conftest import CONTROL_KEY, ClientFactory
 
