@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
+from maskserve.config.settings import Settings
 from maskserve.errors import ModelConfigInvalid, ModelLoadFailed, ModelsMemoryExceeded, NotFound
 from maskserve.request.across_workers import (
     ACTOR_HEADER,
@@ -128,8 +129,8 @@ async def test_an_unload_that_fails_on_one_worker_says_where_it_was_unloaded(ser
 
 
 async def test_a_change_forwarded_never_names_a_path_other_than_its_models() -> None:
-    made = FillMaskService.__new__(FillMaskService)
-    made.models = {}
+    made = FillMaskService(Settings())
+    made.models.clear()
     made.control = FakeControl(made, known=("a b",))  # type: ignore[assignment]
     made.peers = FakePeers(lambda path, headers: [("1", 200, FRESH)])
     await load(made, "a b")

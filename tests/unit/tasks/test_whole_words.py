@@ -21,7 +21,7 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer
 
 from maskserve.engine import FillMaskEngine
 from maskserve.model_api import Prediction, Query, TextPredictions
-from maskserve.service import registry as service_module
+from maskserve.service import served_model as service_module
 from maskserve.serving.costs import BatchReport
 from maskserve.tasks.fill_mask import FillMask
 from maskserve.tasks.whole_words import Targets, plan_text, split_targets, text_predictions, word_copies
