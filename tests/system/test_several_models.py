@@ -122,13 +122,15 @@ async def test_an_unknown_model_is_a_404_naming_the_served_ones(
         ("POST", "/models/gpt/score"),
         ("POST", "/v2/models/gpt/infer"),
         ("GET", "/v2/models/gpt"),
-        ("GET", "/v2/models/gpt/ready"),
     ):
         response = await client.request(method, path, data="a [MASK] b.")
         assert response.status == 404, path
         body = await response.json()
         assert body["error_type"] == "not_found" and body["request_id"]
         assert "'gpt'" in body["error"] and "'bert', 'roberta', 'xlmr'" in body["error"], body
+    # Readiness answers as Triton does: not ready (400), which its clients read as False, naming why.
+    ready = await client.get("/v2/models/gpt/ready")
+    assert ready.status == 400 and "'bert', 'roberta', 'xlmr'" in await ready.text()
 
 
 async def test_info_and_metrics_name_every_model(client: TestClient[web.Request, web.Application]) -> None:
