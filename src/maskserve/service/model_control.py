@@ -39,6 +39,7 @@ from maskserve.config.model_repository import ModelRepository
 from maskserve.config.model_settings import ModelConfig
 from maskserve.errors import (
     DeadlineExceeded,
+    LoadsPaced,
     MaskserveError,
     ModelLoadFailed,
     ModelNotLoaded,
@@ -219,7 +220,7 @@ class ModelControl:
             config = config_for_load(self.repository, self.started_configs, self.settings, name, overrides)
             check_files(self.repository, name)  # before anything is evicted for it
             estimate = self._estimate(name, config)
-            await self._make_room(name, estimate, on_demand=reason == "on_demand")
+            await self._make_room(name, estimate, on_demand=reason == "on_demand", at_start=at_start)
             record.state, record.reason = ("READY", "reloading") if old else ("LOADING", "loading")
             engine, size = await self.loader.load(name, config, at_start, deadline)
             self.budget.reserved[name] = size
@@ -273,7 +274,7 @@ class ModelControl:
     ) -> None:
         """Say in the index and the log why a load did not end serving."""
         why = failure_reason(record.name, exc, self.settings.model_load_timeout)
-        result = "refused" if isinstance(exc, ModelsMemoryExceeded) else "failed"
+        result = "refused" if isinstance(exc, ModelsMemoryExceeded | LoadsPaced) else "failed"
         if old is not None:
             record.state, record.reason = "READY", f"reload {result}, the old model serves: {why}"
         else:
@@ -302,11 +303,13 @@ class ModelControl:
             for name, served in self.table.models.items()
         ]
 
-    async def _make_room(self, name: str, need: int, *, on_demand: bool) -> None:
+    async def _make_room(self, name: str, need: int, *, on_demand: bool, at_start: bool) -> None:
         """Reserve ``need`` bytes for ``name``, evicting the least recently used idle models first
-        when they do not fit; refuse (and evict nothing) when that would not do."""
+        when they do not fit; refuse (and evict nothing) when that would not do. At start nothing
+        is evicted: every model named at start must fit."""
         pacing = self.settings.model_min_residency if on_demand and self.settings.model_min_residency else None
-        victims = self.budget.victims(name, need, self._candidates(), now=time.monotonic(), min_residency=pacing)
+        candidates = [] if at_start else self._candidates()
+        victims = self.budget.victims(name, need, candidates, now=time.monotonic(), min_residency=pacing)
         self.budget.reserved[name] = need
         for victim in victims:
             log.info("evicting %r (least recently used) to make room for %r", victim.name, name)

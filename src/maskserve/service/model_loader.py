@@ -123,9 +123,10 @@ def failure_reason(name: str, exc: BaseException, timeout: float) -> str:
 
 def start_error(name: str, exc: BaseException, timeout: float) -> BaseException:
     """What stops the start-up for a model named at start that could not be served: the engine's
-    own refusal as it is; a budget or a time limit as the setting at fault."""
-    if isinstance(exc, TimeoutError):
-        return ModelLoadError(failure_reason(name, exc, timeout))
+    own refusal as it is (exit 1 or 2); a budget as the setting at fault (exit 2); a time limit, or
+    a folder that cannot load as it stands, as a model that cannot be served (exit 1)."""
     if isinstance(exc, ModelsMemoryExceeded):
         return ModelsDoNotFit(exc.message)
+    if isinstance(exc, TimeoutError | MaskserveError):
+        return ModelLoadError(failure_reason(name, exc, timeout))
     return exc

@@ -8,14 +8,19 @@ import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiohttp import web
 
+from maskserve.config.bounds import settings_from
 from maskserve.config.model_settings import ModelConfig
+from maskserve.config.model_source import ModelLoadError
 from maskserve.errors import ModelLoadFailed, ModelNotLoadable, ModelNotLoaded, ModelsMemoryExceeded, NotFound
+from maskserve.http.app import create_app
 from maskserve.model_api import FillMaskModel
 from maskserve.request.keys import SERVICE_KEY
-from maskserve.service.model_budget import MIB
+from maskserve.service.model_budget import MIB, ModelsDoNotFit
 from maskserve.service.model_control import ModelControl
 from tests.conftest import CONTROL_KEY, ClientFactory
 
@@ -258,3 +263,37 @@ async def test_a_half_copied_folder_is_listed_and_refused_and_a_deleted_one_is_u
         with pytest.raises(NotFound):
             await control.ensure("gamma", asyncio.get_running_loop().time() + 5)
     assert not [record for record in caplog.records if record.exc_info]
+
+
+async def start_error(engine: FillMaskModel, **settings: Any) -> BaseException:
+    """What the app's start-up raises with these settings (the models named at start are loaded
+    there, through the model control); it must raise."""
+    runner = web.AppRunner(create_app(settings_from({"warmup": False, **settings}), engine=engine))
+    try:
+        await runner.setup()
+    except BaseException as exc:  # noqa: BLE001 - the start-up's error is what the test reads
+        return exc
+    finally:
+        await runner.cleanup()
+    raise AssertionError("the start-up did not fail")
+
+
+async def test_a_model_named_at_start_whose_folder_is_not_whole_stops_the_start_naming_what_it_lacks(
+    bert_engine: FillMaskModel, model_repository: Path, tmp_path: Path
+) -> None:
+    repository = tmp_path / "models"
+    shutil.copytree(model_repository / "beta", repository / "delta")
+    (repository / "delta" / "model.safetensors").unlink()
+    error = await start_error(bert_engine, model_repository=str(repository), model=("delta",))
+    assert isinstance(error, ModelLoadError), error
+    assert "'delta' cannot be loaded: its folder lacks weights" in str(error)
+
+
+async def test_a_model_named_at_start_that_does_not_fit_stops_the_start_naming_it(
+    bert_engine: FillMaskModel, model_repository: Path
+) -> None:
+    error = await start_error(
+        bert_engine, model_repository=str(model_repository), model=("alpha",), models_memory="1KiB"
+    )
+    assert isinstance(error, ModelsDoNotFit), error
+    assert str(error).startswith("--models-memory: the models named at start") and "'alpha'" in str(error)
