@@ -135,7 +135,9 @@ class Metrics:
             "maskserve_model_changes",
             "Models loaded and unloaded while serving, by model, action (load, reload, unload), why "
             "(request: the load or unload route; on_demand: a request to a model not loaded; "
-            "eviction: to fit --models-memory) and result (ok, failed, refused).",
+            "eviction: to fit --models-memory; undo: a change that failed on a sibling worker, undone here; "
+            "join: a worker catching up with its siblings) and result (ok, failed, refused: the budget or "
+            "on-demand pacing).",
             ["model", "action", "reason", "result"],
             registry=registry,
         )
