@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import signal
-import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -42,17 +41,6 @@ def index(url: str) -> dict[str, dict[str, str]]:
     status, body = post(url + "/v2/repository/index")
     assert status == 200, body
     return {entry["name"]: entry for entry in json.loads(body)}
-
-
-@pytest.fixture
-def run_root() -> Iterator[Path]:
-    """The servers' temporary directory (TMPDIR), where the workers' private sockets are: short, as
-    a Unix socket's path must be."""
-    root = Path(tempfile.mkdtemp(prefix="msw-", dir="/tmp"))
-    try:
-        yield root
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

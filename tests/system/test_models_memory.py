@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import signal
-import tempfile
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,17 +23,6 @@ from tests.system.test_model_repository import PARIS, index, post, workers_of
 MIB = 1024 * 1024
 # Three models of about 50 MB of weights each: well above what RSS wanders by between two looks.
 SHAPE = {"hidden_size": 512, "num_hidden_layers": 4, "intermediate_size": 2048, "num_attention_heads": 8}
-
-
-@pytest.fixture
-def run_root() -> Iterator[Path]:
-    """The servers' temporary directory (TMPDIR), where the workers' private sockets are: short, as
-    a Unix socket's path must be."""
-    root = Path(tempfile.mkdtemp(prefix="msm-", dir="/tmp"))
-    try:
-        yield root
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
