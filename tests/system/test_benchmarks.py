@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -318,6 +320,39 @@ def test_the_repository_benchmark_loads_serves_and_unloads_and_judges_each_targe
     assert "served 16 requests at c=8" in report and "ms, 0 failed; peak RSS" in report
     latency = [line for line in report.splitlines() if line.startswith(("| nothing loads", "| `bert-base` loads"))]
     assert len(latency) == 2 and all(line.rstrip(" |").endswith("| 0") for line in latency)  # none failed
+    verdicts = report.split("| target | met | measured |", 1)[1].strip().splitlines()[1:]
+    assert len(verdicts) == 3 and all(line.split("|")[2].strip() in ("yes", "no") for line in verdicts)
+
+
+@pytest.mark.slow
+@pytest.mark.load
+def test_the_model_control_benchmark_runs_every_phase_and_judges_each_target(tmp_path: Path) -> None:
+    from benchmarks import model_control
+
+    out = tmp_path / "model-control.md"
+    assert model_control.main(["--quick", "--out", str(out)]) == 0  # no wrong answer
+    report = out.read_text(encoding="utf-8")
+    assert "python -m benchmarks.model_control --quick" in report and "flags:" in report
+    assert "load averages" in report
+    for heading in ("One budget across two workers", "Three reloads under six clients", "An unload beside a load"):
+        assert f"## {heading}" in report
+    # The budget: both readings of the two workers taken, and every on-demand request answered.
+    before = re.search(r"^\| before, after a quiet spell \| (\d+) \| \|$", report, re.M)
+    after = re.search(r"^\| after, after a quiet spell \| (\d+) \| [+-]\d+ \|$", report, re.M)
+    assert before and after and int(before.group(1)) > 200  # MiB: two workers with torch
+    answers = re.search(r"^- answers: (\{.*\}); on-demand loads (\d+)", report, re.M)
+    assert answers and int(answers.group(2)) >= 2
+    # Every request answered right; on a loaded machine a load may outlast a request's deadline.
+    statuses = ast.literal_eval(answers.group(1))
+    assert sum(statuses.values()) == 6 and statuses.get("200") and set(statuses) <= {"200", "503", "504"}
+    assert "worker 0:" in report and "worker 1:" in report  # both workers' charges
+    # The reloads: both routes answered, and the server counted three reloads.
+    routes = dict(re.findall(r"^\| (hf|oip) \| \{(.*)\} \|$", report, re.M))
+    assert set(routes) == {"hf", "oip"} and all(re.fullmatch(r"'200': \d+", value) for value in routes.values())
+    assert "reload ok): 3" in report
+    # The unload beside a load: one try with the load's warm-up, one without, each timed.
+    tries = re.findall(r"^\| (on|off) \| [\d.]+ \| [\d.]+ \| (?:[\d.]+|-) \| [\d.]+ \| (?:yes|no) \|$", report, re.M)
+    assert tries == ["on", "off"]
     verdicts = report.split("| target | met | measured |", 1)[1].strip().splitlines()[1:]
     assert len(verdicts) == 3 and all(line.split("|")[2].strip() in ("yes", "no") for line in verdicts)
 

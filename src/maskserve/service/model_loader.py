@@ -17,6 +17,7 @@ from typing import TypeVar
 
 from maskserve.config.model_settings import ModelConfig
 from maskserve.config.model_source import ModelLoadError
+from maskserve.config.settings import SettingsError
 from maskserve.errors import MaskserveError, ModelsMemoryExceeded
 from maskserve.model_api import FillMaskModel
 from maskserve.service.model_budget import ModelBudget, ModelsDoNotFit
@@ -116,7 +117,7 @@ def failure_reason(name: str, exc: BaseException, timeout: float) -> str:
         return f"loading {name!r} took longer than --model-load-timeout ({timeout:g}s) and was abandoned"
     if isinstance(exc, MaskserveError):
         return exc.message
-    if isinstance(exc, ModelLoadError):
+    if isinstance(exc, ModelLoadError | SettingsError):  # messages written to name what is at fault
         return str(exc)
     return "an unexpected error; the server log has it"
 

@@ -10,7 +10,6 @@ its lane, its series and every reference to its engine go, so that its memory ca
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from concurrent.futures import Executor
 
@@ -58,7 +57,9 @@ async def retire_model(table: ModelTable, served: ServedModel, scheduler: Schedu
         return
     # Every request that resolved it before it left is answered: each counts from its parse to its
     # answer, and its rows are queued within that span. Released with no await after the last
-    # check, so no request can slip in between.
+    # check, so no request can slip in between. Its passes let go of its engine before their
+    # answers reach the loop (serving/inference.py's OnePass): nothing here waits for the
+    # inference thread, so an unload never waits behind another model's pass or warm-up.
     while True:
         await served.quiet.wait()
         in_flight = scheduler.in_flight
@@ -71,12 +72,3 @@ async def retire_model(table: ModelTable, served: ServedModel, scheduler: Schedu
     table.metrics.detach(parts.batcher, served.name, series=table.models.get(served.name) is None)
     served.parts = None
     parts.batcher.listeners.clear()
-    # A round trip through the inference thread: the thread drops its last pass's work item (and
-    # with it the engine) only once it takes up the next one, which may be after its answers have
-    # been sent and this drain has ended. Without it, the memory handed back next could miss it.
-    with contextlib.suppress(RuntimeError):  # the thread stopped: the server is leaving anyway
-        await asyncio.get_running_loop().run_in_executor(scheduler.executor, _nothing)
-
-
-def _nothing() -> None:
-    return None

@@ -17,6 +17,7 @@ scheduler does); :meth:`Batcher.next_batch` is the one place that picks this mod
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -27,7 +28,7 @@ from maskserve.errors import DeadlineExceeded, InferenceFailed
 from maskserve.model_api import FillMaskModel, Query
 from maskserve.serving.costs import NO_WORK, BatchReport, CostModel, Work
 from maskserve.serving.forecast import Forecast
-from maskserve.serving.inference import Outcome, infer
+from maskserve.serving.inference import OnePass, Outcome, infer
 from maskserve.serving.packing import choose_batch, padded_cost
 from maskserve.serving.scheduler import InFlight, Scheduler
 from maskserve.serving.work_queue import Answer, DropCounts, TextAnswer, WorkItem, WorkQueue
@@ -183,7 +184,7 @@ class Batcher:
             items = [
                 WorkItem(query, loop.create_future(), loop.time(), loop.time() + 3600.0, None) for query in queries
             ]
-            outcome = await loop.run_in_executor(self.executor, self._infer, items)
+            outcome = await loop.run_in_executor(self.executor, OnePass(functools.partial(self._infer, items)))
             for item in items:
                 item.future.cancel()
             if number > 0:
@@ -288,7 +289,7 @@ class Batcher:
         scheduler = self.scheduler
         scheduler.in_flight = InFlight(lane=self, started=time.monotonic(), predicted_s=predicted)
         try:
-            outcome = await loop.run_in_executor(self.executor, self._infer, batch)
+            outcome = await loop.run_in_executor(self.executor, OnePass(functools.partial(self._infer, batch)))
         except Exception:  # a bug in the isolation itself: fail this batch only, keep serving
             log.exception("batch of %d failed outside the model", len(batch))
             failure: list[TextAnswer | Exception | None] = [InferenceFailed("inference failed")] * len(batch)

@@ -9,13 +9,38 @@ between texts and between masks, so a request answered 504, or whose client left
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from maskserve.model_api import FillMaskModel, Progress, Query, TextPredictions, text_answer_json
 from maskserve.serving.costs import BatchReport, Work
 from maskserve.serving.packing import padded_cost
 from maskserve.serving.work_queue import TextAnswer, WorkItem
+
+T = TypeVar("T")
+
+
+class OnePass(Generic[T]):
+    """One call for the inference thread that lets go of what it calls as soon as it has run.
+
+    The executor's thread holds its work item (this object) until after the call's result is set,
+    and by then the event loop may already have the answer, finished an unload and collected: a
+    call that kept its batcher would keep the unloaded model's engine alive a moment longer than
+    the unload's hand-back of memory. So the call drops its own references before it returns:
+    once a pass's answer reaches the loop, nothing on the inference thread holds its engine, and an
+    unload never needs to wait for that thread."""
+
+    __slots__ = ("_call",)
+
+    def __init__(self, call: Callable[[], T]) -> None:
+        self._call: Callable[[], T] | None = call
+
+    def __call__(self) -> T:
+        call, self._call = self._call, None
+        if call is None:
+            raise RuntimeError("a pass runs once; this is a bug")
+        return call()
 
 
 def predict_isolating(

@@ -4,8 +4,10 @@ app: which loads are one, what waits for what, what a model is charged, and when
 from __future__ import annotations
 
 import asyncio
+import gc
 import shutil
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -135,6 +137,29 @@ async def test_an_unload_never_waits_behind_another_models_load(
     slow.release()
     await loading
     assert "gamma" in control.table.models
+
+
+async def test_an_idle_models_unload_never_waits_for_the_inference_thread(
+    make_client: ClientFactory, model_repository: Path
+) -> None:
+    client = await make_client(
+        model_repository=str(model_repository), model_control_mode="explicit", control_key=CONTROL_KEY
+    )
+    control = client.app[SERVICE_KEY].control
+    assert control is not None
+    await control.load("beta")
+    assert (await client.post("/models/beta", data="the [MASK] sat.")).status == 200  # it ran a pass
+    engine = weakref.ref(control.table.models["beta"].loaded.model)
+    # Another model's long pass (a warm-up, a batch) holds the inference thread meanwhile.
+    held = threading.Event()
+    control.scheduler.executor.submit(held.wait, 60)
+    try:
+        await asyncio.wait_for(control.unload("beta"), 30)
+        assert control.records["beta"].state == "UNAVAILABLE"
+        gc.collect()
+        assert engine() is None  # nothing on the inference thread kept it either
+    finally:
+        held.set()
 
 
 async def test_a_load_past_its_timeout_is_abandoned_and_the_next_load_of_it_starts(

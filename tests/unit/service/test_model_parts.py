@@ -49,7 +49,7 @@ async def test_retiring_waits_for_what_it_accepted_then_nothing_holds_its_engine
     while not served.active:
         await asyncio.sleep(0.01)
     del service.models["beta"]  # out of the routes, as an unload takes it
-    retiring = asyncio.create_task(retire_model(service, served, service.scheduler))
+    retiring = asyncio.create_task(retire_model(service.table, served, service.scheduler))
     await asyncio.sleep(0.1)
     assert not retiring.done() and served.parts is not None
     held.set()
