@@ -9,8 +9,9 @@ Three phases, each judged against its target:
 1. **budget**: ``--workers 2 --model-control-mode on-demand --models-memory B --model-min-residency 0``
    on a repository of the default model (``small``, named at start) and three random models of one
    shape (``m1``, ``m2``, ``m3``), B chosen so that each worker's share holds ``small`` and two of
-   them, never three (at the sizes a single server measured at their loads: phase 2 runs first). Rounds of on-demand requests to the three, each on a connection of its own
-   (so the kernel spreads them over both workers); the workers' VmRSS summed before and after, a
+   them, never three (at the sizes a single server measured at their loads: phase 2 runs first).
+   Rounds of on-demand requests to the three, each on a connection of its own (so the kernel
+   spreads them over both workers); the workers' VmRSS summed before and after, a
    quiet spell past the idle trim before each reading; the peak sampled in between.
 2. **reloads**: one maskserve in explicit control; six clients, three on ``POST /v2/models/m1/infer``
    and three on ``POST /models/m1``, each sending its body in two parts (a reload can come between

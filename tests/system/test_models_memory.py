@@ -16,9 +16,18 @@ from pathlib import Path
 import pytest
 
 from benchmarks.servers import rss_bytes
-from tests.live_server import ServerProcess, free_port, run_maskserve, start_maskserve, until, wait_until_ready
+from tests.conftest import CONTROL_KEY
+from tests.live_server import (
+    ServerProcess,
+    free_port,
+    maskserve_process,
+    run_maskserve,
+    start_maskserve,
+    until,
+    wait_until_ready,
+)
 from tests.models import build_bert
-from tests.system.test_model_repository import PARIS, index, post, workers_of
+from tests.system.test_model_repository import CONTROL, PARIS, index, post, workers_of
 
 MIB = 1024 * 1024
 # Three models of about 50 MB of weights each: well above what RSS wanders by between two looks.
@@ -33,14 +42,24 @@ def large_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def weights_mib(folder: Path) -> float:
-    return sum(p.stat().st_size for p in folder.glob("*.safetensors")) / MIB
+@pytest.fixture(scope="module")
+def measured_mib(large_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> float:
+    """What one of the models measures at a load after the first here (the first also pays the
+    runtime's start): the growth depends on the library's version, so the budget is built from it."""
+    log_dir = tmp_path_factory.mktemp("measure")
+    flags = ["--model-repository", str(large_repository), "--model-control-mode", "explicit"]
+    with maskserve_process(*flags, "--control-key", CONTROL_KEY, log_dir=log_dir) as server:
+        status, body = post(server.url + "/v2/repository/models/beta/load", headers=CONTROL)
+        assert status == 200, body
+        return int(index(server.url)["beta"]["memory_bytes"]) / MIB
 
 
 @pytest.fixture
-def workers_on_demand(tmp_path: Path, large_repository: Path, run_root: Path) -> Iterator[tuple[ServerProcess, int]]:
-    # Each worker's share holds two of the models with room to spare, never three.
-    budget = int(2 * 3 * weights_mib(large_repository / "alpha") * MIB)
+def workers_on_demand(
+    tmp_path: Path, large_repository: Path, run_root: Path, measured_mib: float
+) -> Iterator[tuple[ServerProcess, int]]:
+    # Each worker's share holds one of the models at its measured size, never the three.
+    budget = int(2 * 1.5 * measured_mib * MIB)
     server = start_maskserve(
         "--workers",
         "2",
@@ -49,7 +68,7 @@ def workers_on_demand(tmp_path: Path, large_repository: Path, run_root: Path) ->
         "--model-control-mode",
         "on-demand",
         "--control-key",
-        "control-key-0123456789",
+        CONTROL_KEY,
         "--models-memory",
         str(budget),
         "--model-min-residency",
@@ -80,6 +99,7 @@ def memory_series(url: str) -> dict[tuple[str, str], float]:
 
 @pytest.mark.slow
 @pytest.mark.serial
+@pytest.mark.load  # the sizes it builds its budget from move with the libraries' versions
 def test_with_two_workers_on_demand_models_stay_within_one_budget_for_the_whole_server(
     workers_on_demand: tuple[ServerProcess, int],
 ) -> None:
@@ -97,9 +117,8 @@ def test_with_two_workers_on_demand_models_stay_within_one_budget_for_the_whole_
     charged = memory_series(url)
     assert {worker for worker, _ in charged} == {"0", "1"}
     assert sum(charged.values()) <= budget, charged
-    for worker in ("0", "1"):  # each worker within its share, and never all three at once
+    for worker in ("0", "1"):  # each worker within its share
         assert sum(size for (w, _), size in charged.items() if w == worker) <= budget // 2
-        assert len([model for (w, model) in charged if w == worker]) <= 2
     grown = sum(rss_bytes(pid) for pid in workers) - before
     assert grown <= 1.15 * budget, f"the workers grew by {grown / MIB:.0f} MiB; the budget is {budget / MIB:.0f}"
     evicted = [entry for entry in index(url).values() if "evicted" in entry.get("reason", "")]
