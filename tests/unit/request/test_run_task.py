@@ -92,10 +92,8 @@ resolve_then_change.reads_body = False  # type: ignore[attr-defined]
 RACING = f"default,+{__name__}:resolve_then_change"
 
 
-@pytest.mark.parametrize("path", ["/models/beta", "/v2/models/beta/infer"])
-async def test_a_model_released_before_its_request_is_held_answers_503_with_retry_after(
-    make_client: ClientFactory, model_repository: Path, path: str
-) -> None:
+async def racing_client(make_client: ClientFactory, model_repository: Path) -> Any:
+    """A server whose racing stage changes beta between a request's resolving it and holding it."""
     client = await make_client(
         model_repository=str(model_repository),
         model_control_mode="explicit",
@@ -104,6 +102,14 @@ async def test_a_model_released_before_its_request_is_held_answers_503_with_retr
     )
     control = {"Authorization": f"Bearer {CONTROL_KEY}"}
     assert (await client.post("/v2/repository/models/beta/load", headers=control)).status == 200
+    return client
+
+
+@pytest.mark.parametrize("path", ["/models/beta", "/v2/models/beta/infer"])
+async def test_a_model_released_before_its_request_is_held_answers_503_with_retry_after(
+    make_client: ClientFactory, model_repository: Path, path: str
+) -> None:
+    client = await racing_client(make_client, model_repository)
     body = {"json": OIP_BODY} if path.startswith("/v2") else {"data": PARIS}
     response = await client.post(path, headers={CHANGE_HEADER: "unload"}, **body)
     assert response.status == 503 and int(response.headers["Retry-After"]) >= 1
@@ -116,14 +122,7 @@ async def test_a_model_released_before_its_request_is_held_answers_503_with_retr
 async def test_a_model_swapped_by_a_reload_before_its_request_is_held_serves_it_with_the_new_model(
     make_client: ClientFactory, model_repository: Path, path: str
 ) -> None:
-    client = await make_client(
-        model_repository=str(model_repository),
-        model_control_mode="explicit",
-        control_key=CONTROL_KEY,
-        middleware=RACING,
-    )
-    control = {"Authorization": f"Bearer {CONTROL_KEY}"}
-    assert (await client.post("/v2/repository/models/beta/load", headers=control)).status == 200
+    client = await racing_client(make_client, model_repository)
     body = {"json": OIP_BODY} if path.startswith("/v2") else {"data": PARIS}
     response = await client.post(path, headers={CHANGE_HEADER: "reload"}, **body)
     assert response.status == 200, await response.text()
