@@ -93,10 +93,11 @@ class Settings(DerivedSettings):
     model_load_timeout: float = _setting(
         600.0,
         values.positive_float,
-        "Seconds a run-time load (its files read, any export, its warm-up) may take before it is "
-        "abandoned: the model stays unavailable (or a reload's old model keeps serving), its memory "
-        "is handed back and later loads of it may start. Long enough for a first export of a large "
-        "model; short enough that a hung load does not block that model's loads for ever.",
+        "Seconds a load (its files read, any export or quantization, its warm-up) may take before it "
+        "is abandoned: the model stays unavailable (or a reload's old model keeps serving), its memory "
+        "is handed back and later loads may start; a model named at start that outlasts it stops the "
+        "start-up. Long enough for a first export of a large model; short enough that a hung load "
+        "does not block the loads after it for ever.",
     )
     model_min_residency: float = _setting(
         30.0,
