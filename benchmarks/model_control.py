@@ -53,7 +53,7 @@ from maskserve.engine.cpu import cpu_flags, describe_features
 
 from .load import Expected, check_answer
 from .models import CACHE_DIR, BenchModel, build_random_model, default_model
-from .repository import CONTROL_KEY, assemble_repository, references
+from .repository import CONTROL_KEY, assemble_repository, references, verdict_table
 from .run import cpu_model, load_averages
 from .servers import Server, free_port, rss_bytes
 
@@ -519,9 +519,7 @@ def render(report: Report, plan: Plan, args: argparse.Namespace, command: str, n
         "",
         "## Verdicts",
         "",
-        "| target | met | measured |",
-        "|---|---|---|",
-        *(f"| {target} | {'yes' if met else 'no'} | {figures} |" for target, met, figures in verdicts(report)),
+        *verdict_table(verdicts(report)),
     ]
     return "\n".join(lines) + "\n"
 

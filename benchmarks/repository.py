@@ -372,11 +372,18 @@ def render(report: Report, args: argparse.Namespace, command: str, small: BenchM
         f"{max(loads, default=0):.1f} s), a load in progress {report.loading_covered:.0%} of the window; "
         f"{len(report.load_failures)} loads or unloads failed{first_failure}",
         "",
-        "| target | met | measured |",
-        "|---|---|---|",
-        *(f"| {target} | {'yes' if met else 'no'} | {figures} |" for target, met, figures in verdicts(report)),
+        *verdict_table(verdicts(report)),
     ]
     return "\n".join(lines) + "\n"
+
+
+def verdict_table(verdicts: Sequence[tuple[str, bool, str]]) -> list[str]:
+    """The report's last table: each target, whether it was met, and the figures it was judged on."""
+    return [
+        "| target | met | measured |",
+        "|---|---|---|",
+        *(f"| {target} | {'yes' if met else 'no'} | {figures} |" for target, met, figures in verdicts),
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

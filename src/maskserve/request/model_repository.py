@@ -11,7 +11,7 @@ from typing import Any
 from maskserve.config.model_repository import config_overrides
 from maskserve.config.model_settings import NAME_PATTERN
 from maskserve.config.settings import NamedSettingsError
-from maskserve.errors import ExtensionOff, InvalidInput, ModelConfigInvalid, NotFound
+from maskserve.errors import ExtensionOff, InvalidInput, ModelConfigInvalid
 from maskserve.service.model_catalog import IndexEntry
 from maskserve.service.model_control import ModelControl
 from maskserve.service.registry import FillMaskService
@@ -30,8 +30,7 @@ def checked_name(control: ModelControl, name: str) -> str:
     or forwarded (a name that is no model name never reaches a sibling's URL)."""
     if re.fullmatch(NAME_PATTERN, name) and control.knows(name):
         return name
-    held = ", ".join(repr(entry.name) for entry in control.index()) or "none"
-    raise NotFound(f"no model named {name!r} in the model repository; it holds {held}")
+    raise control.unknown(name)
 
 
 def entry_json(entry: IndexEntry) -> dict[str, Any]:

@@ -88,7 +88,7 @@ class ModelControl:
         # The models named at start, by name: they can be unloaded and loaded again even when they
         # are not in the repository.
         self.started_configs: dict[str, ModelConfig] = {name: m.config for name, m in table.models.items()}
-        self.catalog = ModelCatalog(self.repository, self.started_configs, table, allows_changes=self.mode != "none")
+        self.catalog = ModelCatalog(self.repository, self.started_configs, table, allows_changes=self.allows_changes)
         # What the index says of every model, by name.
         self.records = self.catalog.records
         # Hands freed memory back: a thread of its own, so that no unload waits behind a load.
@@ -117,7 +117,7 @@ class ModelControl:
 
     def index(self, ready_only: bool = False) -> list[IndexEntry]:
         """Every model, by name, with its state and why (the repository index)."""
-        return self.catalog.entries(ready_only, busy=[*self._loads, *self._unloads])
+        return self.catalog.entries(ready_only, busy=self._busy())
 
     def models_state(self) -> ModelsState:
         """The figures the metrics export at scrape time."""
@@ -131,7 +131,11 @@ class ModelControl:
         return self.catalog.not_loaded(name)
 
     def unknown(self, name: str) -> NotFound:
-        return self.catalog.unknown(name, busy=[*self._loads, *self._unloads])
+        return self.catalog.unknown(name, busy=self._busy())
+
+    def _busy(self) -> list[str]:
+        """Models loading or unloading: the index keeps them whatever their folder says now."""
+        return [*self._loads, *self._unloads]
 
     # -- start-up -------------------------------------------------------------------------------
 

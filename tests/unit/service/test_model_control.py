@@ -28,9 +28,15 @@ from maskserve.service.model_sources import weights_bytes
 from tests.conftest import CONTROL_KEY, ClientFactory
 
 
+async def client_of(make_client: ClientFactory, repository: Path, mode: str = "explicit", **settings: Any) -> Any:
+    """A client of a server of ``repository`` under ``mode`` control, with ``settings``."""
+    return await make_client(
+        model_repository=str(repository), model_control_mode=mode, control_key=CONTROL_KEY, **settings
+    )
+
+
 async def control_of(make_client: ClientFactory, repository: Path, mode: str = "explicit") -> ModelControl:
-    client = await make_client(model_repository=str(repository), model_control_mode=mode, control_key=CONTROL_KEY)
-    control = client.app[SERVICE_KEY].control
+    control = (await client_of(make_client, repository, mode)).app[SERVICE_KEY].control
     assert control is not None
     return control
 
@@ -143,9 +149,7 @@ async def test_an_unload_never_waits_behind_another_models_load(
 async def test_an_idle_models_unload_never_waits_for_the_inference_thread(
     make_client: ClientFactory, model_repository: Path
 ) -> None:
-    client = await make_client(
-        model_repository=str(model_repository), model_control_mode="explicit", control_key=CONTROL_KEY
-    )
+    client = await client_of(make_client, model_repository)
     control = client.app[SERVICE_KEY].control
     assert control is not None
     await control.load("beta")
@@ -166,12 +170,7 @@ async def test_an_idle_models_unload_never_waits_for_the_inference_thread(
 async def test_a_load_past_its_timeout_is_abandoned_and_the_next_load_of_it_starts(
     make_client: ClientFactory, model_repository: Path
 ) -> None:
-    client = await make_client(
-        model_repository=str(model_repository),
-        model_control_mode="explicit",
-        control_key=CONTROL_KEY,
-        model_load_timeout=0.5,
-    )
+    client = await client_of(make_client, model_repository, "explicit", model_load_timeout=0.5)
     control = client.app[SERVICE_KEY].control
     assert control is not None
     slow = SlowLoads(control, "gamma")
@@ -247,12 +246,7 @@ async def test_a_load_that_measures_more_than_it_reserved_evicts_idle_models_or_
 async def test_on_demand_loads_that_would_evict_a_model_younger_than_the_minimum_are_paced(
     make_client: ClientFactory, model_repository: Path
 ) -> None:
-    client = await make_client(
-        model_repository=str(model_repository),
-        model_control_mode="on-demand",
-        control_key=CONTROL_KEY,
-        model_min_residency=60,
-    )
+    client = await client_of(make_client, model_repository, "on-demand", model_min_residency=60)
     control = client.app[SERVICE_KEY].control
     assert control is not None
     # Every load measures its weights' size, so that what a load evicts is known in advance.
