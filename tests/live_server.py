@@ -194,12 +194,18 @@ def maskserve_process(
         server.stop()
 
 
+def maskserve_command(*args: str) -> list[str]:
+    """The command line of ``python -m maskserve ARGS`` (``batch ...`` for a job)."""
+    return [sys.executable, "-m", "maskserve", *args]
+
+
 def run_maskserve(
     *args: str, env: Mapping[str, str] | None = None, timeout_s: float = 120.0
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m maskserve ARGS`` run to its end (a refusal at start-up, ``--help``), output captured."""
+    """``python -m maskserve ARGS`` run to its end (a refusal at start-up, ``--help``, a batch job),
+    output captured."""
     return subprocess.run(
-        [sys.executable, "-m", "maskserve", *args],
+        maskserve_command(*args),
         capture_output=True,
         text=True,
         timeout=timeout_s,

@@ -7,9 +7,9 @@ import-linter contracts in setup.cfg (``tox -e style``) hold the code to this ta
 ``tests/project/test_layers.py`` holds the contracts to it; the docs' Architecture page is generated from it.
 
     layer                    job
-    __main__                 the entry point: argv + env -> settings -> model -> serve
+    __main__                 the entry point: argv + env -> settings -> model -> serve, or a batch job
     server                   the process: one server, or several on one port under gunicorn
-    http                     create_app(), the route table, the load agent and gRPC server the app starts
+    http | batch             create_app(), the route table, the load agent and gRPC server the app starts | file jobs
     api | demo | rpc         HTTP surfaces: HF and raw bodies, OIP, probes, /info, OpenAPI | the forms | OIP over gRPC
     middleware               the stages around every handler, one per file, and the chain
     request                  one request's record, keys, deadline, access line; run_task, its one path
@@ -19,8 +19,9 @@ import-linter contracts in setup.cfg (``tox -e style``) hold the code to this ta
     config                   every setting, and the models by name
     errors | model_api       plain data: the error tree, the model protocol
 
-aiohttp is imported from ``request`` up, never by the service or below it; only the engine imports
-torch (``http.app.load_model`` reaches it lazily, so no HTTP module ever does).
+aiohttp is imported from ``request`` up, never by the service or below it, nor by ``batch``; only the
+engine imports torch (``http.app.load_model`` and ``batch``'s model reach it lazily, so no HTTP module
+ever does).
 """
 
 from __future__ import annotations

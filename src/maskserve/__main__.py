@@ -23,8 +23,17 @@ log = logging.getLogger("maskserve")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["batch"]:
+        # A job over a file: the same tasks and engine, no server (batch/cli.py).
+        try:
+            from maskserve.batch.cli import main as batch_main
+        except ModuleNotFoundError as exc:  # pyarrow or tqdm: the batch extra
+            print(f"maskserve batch: needs {exc.name}: pip install 'maskserve[batch]'", file=sys.stderr)
+            return 2
+        return batch_main(arguments[1:])
     try:
-        settings = load_settings(sys.argv[1:] if argv is None else argv, checks=SETTINGS_CHECKS)
+        settings = load_settings(arguments, checks=SETTINGS_CHECKS)
     except SettingsError as exc:
         print(f"maskserve: {exc}", file=sys.stderr)
         return 2

@@ -20,6 +20,7 @@ import yaml
 from maskserve.config.bounds import contradictions, settings_from
 from maskserve.config.flags import GROUPS
 from maskserve.config.settings import NamedSettingsError, Settings, setting_fields
+from maskserve.model_api import ModelSpec
 
 # What a model may set for itself: how it runs, its batches, its queue and what it admits.
 # The server's own settings stay one per server: which models and where their exports go, the
@@ -93,3 +94,18 @@ def validated(document: Any, schema: dict[str, Any], where: str) -> Any:
         at = "/".join(str(part) for part in exc.absolute_path) or "the top level"
         raise NamedSettingsError(f"{where}: at {at}: {exc.message}") from None
     return document
+
+
+def model_spec(config: ModelConfig) -> ModelSpec:
+    """The model a configuration names, and how to load it (by its own settings)."""
+    settings = config.settings
+    return ModelSpec(
+        model=config.source,
+        backend=settings.backend,
+        cache_dir=settings.resolved_cache_dir(),
+        device=settings.device,
+        dtype=settings.dtype,
+        threads=settings.resolved_threads(),
+        adaptive_threads=settings.adaptive_threads,
+        quantize=settings.quantize,
+    )

@@ -16,7 +16,7 @@ from aiohttp import web
 from maskserve.config.flags import SettingsCheck
 from maskserve.config.model_configs import check as check_models
 from maskserve.config.model_configs import model_configs
-from maskserve.config.model_settings import ModelConfig
+from maskserve.config.model_settings import ModelConfig, model_spec
 from maskserve.config.settings import Settings
 from maskserve.demo.page import security_headers
 from maskserve.errors import ModelLoadFailed, ShuttingDown
@@ -25,7 +25,7 @@ from maskserve.http.routes import ROUTES, Route, setup_routes
 from maskserve.middleware import chain
 from maskserve.middleware.chain import Spec, build_chain
 from maskserve.middleware.slow_clients import connections_middleware
-from maskserve.model_api import FillMaskModel, ModelSpec
+from maskserve.model_api import FillMaskModel
 from maskserve.request.keys import SERVICE_KEY
 from maskserve.service.health import ready
 from maskserve.service.model_control import ModelControl
@@ -49,21 +49,6 @@ SETTINGS_CHECKS: dict[str, SettingsCheck] = {
     # A share of the container's memory needs a container limit to take it of: refused at start.
     "models_memory": models_memory_budget,
 }
-
-
-def model_spec(config: ModelConfig) -> ModelSpec:
-    """The model a configuration names, and how to load it (by its own settings)."""
-    settings = config.settings
-    return ModelSpec(
-        model=config.source,
-        backend=settings.backend,
-        cache_dir=settings.resolved_cache_dir(),
-        device=settings.device,
-        dtype=settings.dtype,
-        threads=settings.resolved_threads(),
-        adaptive_threads=settings.adaptive_threads,
-        quantize=settings.quantize,
-    )
 
 
 def load_engine(config: ModelConfig, *, alone: bool = False) -> FillMaskModel:

@@ -22,11 +22,14 @@ from maskserve.serving.batcher import Batcher
 from maskserve.serving.costs import ONE_TEXT, Work
 
 # A request is admitted on its own cost only with this much to spare: the cost model follows the
-# recent passes, and a long request's passes on a busy machine run over it. One admitted at the edge
-# of its deadline would pay for every pass and still time out; with the margin it ends in time, and
-# what the margin refuses is told so before any work (benchmarks.costliest measures the real time
-# of the costliest request admitted against its prediction).
-OWN_COST_MARGIN = 1.25
+# recent passes, and a long request's passes on a busy machine run over it. The model is linear in
+# padded tokens, while attention grows with each text's length, so the passes of a long text's
+# scoring copies (each as long as the text) run over their prediction even on an idle machine;
+# the margin covers that and a busy machine's slowdown together. One admitted at the edge of its
+# deadline would pay for every pass and still time out; with the margin it ends in time, and what
+# the margin refuses is told so before any work (benchmarks.costliest measures the real time of
+# the costliest request admitted against its prediction).
+OWN_COST_MARGIN = 1.5
 
 
 class Admission:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from maskserve.config.model_configs import model_configs
+from maskserve.config.model_settings import model_spec
 from maskserve.config.settings import Settings
 from maskserve.engine import TorchFillMaskEngine
-from maskserve.http.app import load_model, model_spec
+from maskserve.http.app import load_model
 from tests.unit.engine.conftest import Graph
 
 

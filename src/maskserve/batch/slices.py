@@ -1,0 +1,188 @@
+"""A slice of input rows planned for the engine, and the engine's answers folded back into rows.
+
+Planning a slice tokenizes each row once (the task's own parser and plan, with the server's limits),
+gives a row the API would refuse its error, deduplicates the slice's queries (a text sent twice, or
+two scoring copies alike, run once) and packs them by length into batches within the batcher's
+limits. Folding turns each row's answers into the API's answer, or an error row.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from maskserve.batch.formats import Row
+from maskserve.batch.job_tasks import JobTask, answer_of
+from maskserve.errors import InferenceFailed, InvalidInput, MaskserveError
+from maskserve.model_api import FillMaskModel, Query, TextPredictions
+from maskserve.serving.packing import split_sorted
+from maskserve.tasks.task import Plan
+
+log = logging.getLogger(__name__)
+
+# The fixed cost of a forward pass in tokens of compute, which a split of a batch must save: the
+# batcher's own figure before it has measured its model (a job packs each slice once, before any
+# pass has run).
+PASS_OVERHEAD_TOKENS = 32.0
+
+
+@dataclass(frozen=True)
+class Packing:
+    """The batcher's limits on one forward pass."""
+
+    max_batch_size: int
+    max_batch_tokens: int
+
+
+@dataclass
+class PlannedRow:
+    """One input row: its id and either its plan (with its queries' places in the slice) or its error."""
+
+    id: Any
+    request: Any = None
+    plan: Plan | None = None
+    queries: list[int] = field(default_factory=list)
+    error: dict[str, Any] | None = None
+
+
+@dataclass
+class PlannedSlice:
+    """A slice's rows, its distinct queries, and the batches they run in (indices into ``queries``)."""
+
+    number: int
+    rows: list[PlannedRow]
+    queries: list[Query]
+    batches: list[list[int]]
+
+
+def error_row(error: MaskserveError) -> dict[str, Any]:
+    """The API's error for a row: its kind and message, and its details (the field it names)."""
+    return {"type": error.kind, "message": error.message, **error.details()}
+
+
+def row_input(row: Row, defaults: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A row's text and its parameters (the job's, then the row's own, key by key); raises
+    :class:`InvalidInput` naming what the row lacks."""
+    unreadable = row.get("__unreadable__")
+    if unreadable is not None:
+        raise InvalidInput(str(unreadable))
+    text = row.get("text")
+    if not isinstance(text, str):
+        raise InvalidInput("the row has no text: its 'text' must be a string", field="text")
+    own = row.get("parameters")
+    if isinstance(own, str):  # CSV, or Parquet written as text: the parameters as JSON
+        try:
+            own = json.loads(own) if own.strip() else None
+        except ValueError:
+            raise InvalidInput("the row's parameters are not JSON", field="parameters") from None
+    if own is not None and not isinstance(own, dict):
+        raise InvalidInput("the row's parameters must be a JSON object", field="parameters")
+    return text, {**defaults, **(own or {})}
+
+
+def row_id(row: Row, number: int) -> Any:
+    """The row's ``id`` (text or a whole number, as given), or its row number in the file from 0."""
+    given = row.get("id")
+    if given is None or given == "":
+        return number
+    return given if isinstance(given, (int, str)) and not isinstance(given, bool) else str(given)
+
+
+def plan_slice(
+    number: int,
+    first_row: int,
+    rows: Sequence[Row],
+    task: JobTask,
+    model: FillMaskModel,
+    defaults: dict[str, Any],
+    packing: Packing,
+) -> PlannedSlice:
+    """Plan slice ``number``, whose first row is row ``first_row`` of the file."""
+    planned: list[PlannedRow] = []
+    places: dict[Query, int] = {}
+    queries: list[Query] = []
+    for offset, row in enumerate(rows):
+        entry = PlannedRow(id=row_id(row, first_row + offset))
+        try:
+            text, parameters = row_input(row, defaults)
+            entry.request, entry.plan = task.plan(text, parameters, model)
+        except MaskserveError as exc:
+            entry.error = error_row(exc)
+        else:
+            for query in entry.plan.queries:
+                place = places.setdefault(query, len(queries))
+                if place == len(queries):
+                    queries.append(query)
+                entry.queries.append(place)
+        planned.append(entry)
+    return PlannedSlice(number, planned, queries, pack(queries, packing))
+
+
+def pack(queries: Sequence[Query], packing: Packing) -> list[list[int]]:
+    """``queries`` sorted by length and cut into the batches of least padded cost (the batcher's
+    packing), as indices into ``queries``."""
+    order = sorted(range(len(queries)), key=lambda i: queries[i].n_tokens)
+    runs = split_sorted(
+        [queries[i].n_tokens for i in order],
+        max_batch_size=packing.max_batch_size,
+        max_batch_tokens=packing.max_batch_tokens,
+        batch_overhead_tokens=PASS_OVERHEAD_TOKENS,
+    )
+    return [order[start:stop] for start, stop in runs]
+
+
+# What the inference stage gives back for each of a slice's queries: its predictions, or the
+# failure that a pass of it alone raised.
+Outcome = TextPredictions | Exception
+
+
+def run_batches(model: FillMaskModel, planned: PlannedSlice) -> list[Outcome]:
+    """Every query of the slice answered, batch by batch. A batch that fails is run again a query
+    at a time, so one query the engine cannot answer fails alone and its neighbours are answered."""
+    outcomes: list[Outcome | None] = [None] * len(planned.queries)
+    for batch in planned.batches:
+        try:
+            answered: list[Outcome] = list(model.predict([planned.queries[i] for i in batch]))
+        except Exception:  # noqa: BLE001  # any failure of the pass: each query retried alone
+            answered = [_alone(model, planned.queries[i]) for i in batch]
+        for index, outcome in zip(batch, answered, strict=True):
+            outcomes[index] = outcome
+    if any(outcome is None for outcome in outcomes):
+        raise RuntimeError("a query of the slice was in no batch; this is a bug")
+    return [outcome for outcome in outcomes if outcome is not None]
+
+
+def _alone(model: FillMaskModel, query: Query) -> Outcome:
+    try:
+        return model.predict([query])[0]
+    except Exception as exc:  # this query's own failure, kept for its rows
+        log.exception("a query of %d tokens failed on its own", query.n_tokens)
+        return exc
+
+
+def fold_slice(planned: PlannedSlice, outcomes: Sequence[Outcome], task: JobTask, model: FillMaskModel) -> list[Row]:
+    """The slice's output rows, in input order: each row's answer or its error."""
+    rows: list[Row] = []
+    for entry in planned.rows:
+        if entry.error is not None:
+            rows.append({"id": entry.id, "error": entry.error})
+            continue
+        mine = [outcomes[i] for i in entry.queries]
+        if any(isinstance(outcome, Exception) for outcome in mine):
+            rows.append({"id": entry.id, "error": error_row(InferenceFailed("inference failed"))})
+            continue
+        answers = [
+            answer_of(planned.queries[i], outcome, len(mine))
+            for i, outcome in zip(entry.queries, mine, strict=True)
+            if not isinstance(outcome, Exception)
+        ]
+        try:
+            result = task.result(entry.request, entry.plan, answers, model)  # type: ignore[arg-type]  # planned
+        except MaskserveError as exc:  # a check that runs on the answer (its size)
+            rows.append({"id": entry.id, "error": error_row(exc)})
+        else:
+            rows.append({"id": entry.id, "result": result})
+    return rows
