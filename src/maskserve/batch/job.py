@@ -25,7 +25,7 @@ from maskserve.batch.job_tasks import job_task
 from maskserve.batch.manifest import manifest, output_metadata
 from maskserve.batch.parts import JobMismatch, Parts, metadata_path
 from maskserve.batch.progress import Progress, Silent
-from maskserve.batch.slices import Outcome, Packing, PlannedSlice, fold_slice, plan_slice, run_batches
+from maskserve.batch.slices import Outcome, PlannedSlice, fold_slice, job_packing, plan_slice, run_batches
 from maskserve.config.model_settings import ModelConfig
 from maskserve.model_api import FillMaskModel
 
@@ -93,7 +93,7 @@ class Job:
             part_rows=options.part_rows,
         )
         settings = config.settings
-        self.packing = Packing(settings.max_batch_size, settings.max_batch_tokens)
+        self.packing = job_packing(settings)
         self.parts = Parts(options.output)
         self._failure: BaseException | None = None
         self._stop = threading.Event()

@@ -32,7 +32,7 @@ from maskserve.batch.job_tasks import job_task
 from maskserve.batch.manifest import manifest, model_revision, output_metadata
 from maskserve.batch.parts import Parts
 from maskserve.batch.progress import Progress, progress_for
-from maskserve.batch.slices import Packing, fold_slice, plan_slice, run_batches
+from maskserve.batch.slices import fold_slice, job_packing, plan_slice, run_batches
 from maskserve.config.flags import load_settings
 from maskserve.config.model_configs import model_configs
 from maskserve.config.settings import Settings
@@ -74,7 +74,7 @@ class MaskserveRows:
         self.model, self.revision = load_job_model(config)
         self.task = job_task(task, config.settings)
         self.parameters = dict(parameters or {})
-        self.packing = Packing(config.settings.max_batch_size, config.settings.max_batch_tokens)
+        self.packing = job_packing(config.settings)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
         rows = list(_rows(batch))

@@ -3,7 +3,8 @@
 Planning a slice tokenizes each row once (the task's own parser and plan, with the server's limits),
 gives a row the API would refuse its error, deduplicates the slice's queries (a text sent twice, or
 two scoring copies alike, run once) and packs them by length into batches within the batcher's
-limits. Folding turns each row's answers into the API's answer, or an error row.
+limits (offline defaults where they are not set). Folding turns each row's answers into the API's
+answer, or an error row.
 """
 
 from __future__ import annotations
@@ -16,17 +17,18 @@ from typing import Any
 
 from maskserve.batch.formats import Row
 from maskserve.batch.job_tasks import JobTask, answer_of
+from maskserve.config.settings import Settings
 from maskserve.errors import InferenceFailed, InvalidInput, MaskserveError
 from maskserve.model_api import FillMaskModel, Query, TextPredictions
-from maskserve.serving.packing import split_sorted
 from maskserve.tasks.task import Plan
 
 log = logging.getLogger(__name__)
 
-# The fixed cost of a forward pass in tokens of compute, which a split of a batch must save: the
-# batcher's own figure before it has measured its model (a job packs each slice once, before any
-# pass has run).
-PASS_OVERHEAD_TOKENS = 32.0
+# A job's passes unless --max-batch-size and --max-batch-tokens say otherwise: past these sizes a
+# pass's fixed cost is a small share of it (benchmarks/batch.py measures rows/s by batch size),
+# and the token budget bounds a pass's memory as the server's does, a few times over.
+OFFLINE_BATCH_SIZE = 512
+OFFLINE_BATCH_TOKENS = 32768
 
 
 @dataclass(frozen=True)
@@ -122,16 +124,37 @@ def plan_slice(
 
 
 def pack(queries: Sequence[Query], packing: Packing) -> list[list[int]]:
-    """``queries`` sorted by length and cut into the batches of least padded cost (the batcher's
-    packing), as indices into ``queries``."""
+    """``queries`` sorted by length and cut into full batches within the batcher's limits, as
+    indices into ``queries``; a query longer than the token budget runs alone.
+
+    Greedy, not the batcher's least-cost split: in a slice sorted by length neighbours differ by a
+    token or two, so padding is small whatever the cuts, and a pass's fixed cost makes the fullest
+    batches the cheapest; the split's cost grows with slice x batch size, a planning cost the
+    inference thread's neighbour would pay on every slice.
+    """
     order = sorted(range(len(queries)), key=lambda i: queries[i].n_tokens)
-    runs = split_sorted(
-        [queries[i].n_tokens for i in order],
-        max_batch_size=packing.max_batch_size,
-        max_batch_tokens=packing.max_batch_tokens,
-        batch_overhead_tokens=PASS_OVERHEAD_TOKENS,
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for index in order:
+        grown = len(current) + 1
+        if current and (grown > packing.max_batch_size or grown * queries[index].n_tokens > packing.max_batch_tokens):
+            batches.append(current)
+            current = []
+        current.append(index)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def job_packing(settings: Settings) -> Packing:
+    """The limits of a job's forward passes: the batcher's where the user set them, else the
+    offline defaults (a job has no request waiting on a pass, so only throughput counts, and a
+    pass's fixed cost shrinks per row with its size)."""
+    given = settings.given
+    return Packing(
+        max_batch_size=settings.max_batch_size if "max_batch_size" in given else OFFLINE_BATCH_SIZE,
+        max_batch_tokens=settings.max_batch_tokens if "max_batch_tokens" in given else OFFLINE_BATCH_TOKENS,
     )
-    return [order[start:stop] for start, stop in runs]
 
 
 # What the inference stage gives back for each of a slice's queries: its predictions, or the

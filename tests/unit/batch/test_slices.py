@@ -9,7 +9,19 @@ from typing import Any
 import pytest
 
 from maskserve.batch.job_tasks import FillMaskJob, ScoreJob
-from maskserve.batch.slices import Packing, fold_slice, pack, plan_slice, row_id, row_input, run_batches
+from maskserve.batch.slices import (
+    OFFLINE_BATCH_SIZE,
+    OFFLINE_BATCH_TOKENS,
+    Packing,
+    fold_slice,
+    job_packing,
+    pack,
+    plan_slice,
+    row_id,
+    row_input,
+    run_batches,
+)
+from maskserve.config.bounds import settings_from
 from maskserve.config.settings import Settings
 from maskserve.engine import FillMaskEngine
 from maskserve.errors import InvalidInput
@@ -87,5 +99,12 @@ def test_a_rows_id_is_its_own_or_its_row_number() -> None:
     assert [row_id({"id": value}, 7) for value in ("a", 3, None, "", 2.5, True)] == ["a", 3, 7, 7, "2.5", "True"]
 
 
-def test_packing_nothing_is_no_batch() -> None:
+def test_packing_nothing_is_no_batch_and_a_text_past_the_budget_runs_alone() -> None:
     assert pack([], PACKING) == []
+    queries = [Query(input_ids=(1,) * n, top_k=1) for n in (10, 100, 10)]
+    assert pack(queries, PACKING) == [[0, 2], [1]]
+
+
+def test_a_job_packs_by_the_batchers_limits_where_set_else_by_the_offline_defaults() -> None:
+    assert job_packing(settings_from({})) == Packing(OFFLINE_BATCH_SIZE, OFFLINE_BATCH_TOKENS)
+    assert job_packing(settings_from({"max_batch_size": 8})) == Packing(8, OFFLINE_BATCH_TOKENS)
