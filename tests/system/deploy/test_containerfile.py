@@ -76,11 +76,11 @@ def test_torch_is_the_pinned_cpu_build_installed_before_the_project() -> None:
     runs = [with_defaults(i.args) for i in final_stage() if i.keyword == "RUN"]
     torch_runs = [i for i, run in enumerate(runs) if "torch==" in run]
     lock_runs = [i for i, run in enumerate(runs) if "requirements.lock" in run]
-    project_runs = [i for i, run in enumerate(runs) if "maskserve-*.whl" in run and "[${EXTRAS}]" not in run]
-    # The extras (EXTRAS=batch or ray, empty by default) go on after the project, torch in place.
-    extras_runs = [i for i, run in enumerate(runs) if '"${wheel}[${EXTRAS}]"' in run]
+    # The extras (EXTRAS=batch or ray, empty by default: "[]" here) go on after the project.
+    extras_runs = [i for i, run in enumerate(runs) if '"${wheel}[]"' in run]
+    project_runs = [i for i, run in enumerate(runs) if "maskserve-*.whl" in run and i not in extras_runs]
     assert len(torch_runs) == 2 and len(lock_runs) == 1 and len(project_runs) == 1 and len(extras_runs) == 1
-    assert project_runs[0] < extras_runs[0] and 'if [ -n "${EXTRAS}" ]' in runs[extras_runs[0]]
+    assert project_runs[0] < extras_runs[0] and 'if [ -n "" ]' in runs[extras_runs[0]]
     for i in torch_runs:
         assert '"torch==2.13.0"' in runs[i]
         # --index-url, not --extra-index-url: with PyPI also in reach, pip may take the CUDA build.
