@@ -23,7 +23,7 @@ from typing import Any
 from maskserve.batch.formats import count_rows, read_rows
 from maskserve.batch.job_tasks import job_task
 from maskserve.batch.manifest import manifest, output_metadata
-from maskserve.batch.parts import JobMismatch, Parts, metadata_path
+from maskserve.batch.parts import Parts
 from maskserve.batch.progress import Progress, Silent
 from maskserve.batch.slices import Outcome, PlannedSlice, fold_slice, job_packing, plan_slice, run_batches
 from maskserve.config.model_settings import ModelConfig
@@ -62,6 +62,12 @@ class JobReport:
     seconds: float
     # The output was there, complete, from an earlier run of the same job: nothing was run.
     already_complete: bool = False
+
+
+def already_complete(metadata: dict[str, Any], started: float) -> JobReport:
+    """The report of a job whose output an earlier run finished: nothing was run."""
+    rows, errors = int(metadata["rows"]), int(metadata["errors"])
+    return JobReport(rows, rows - errors, errors, rows, time.monotonic() - started, already_complete=True)
 
 
 class _Failed(Exception):
@@ -103,39 +109,18 @@ class Job:
         when the output or its parts belong to another job."""
         started = time.monotonic()
         options = self.options
-        if options.output.exists() and not self.parts.folder.exists() and not options.overwrite:
-            return self._complete_already(started)
+        earlier = self.parts.completed(self.manifest, options.overwrite)
+        if earlier is not None:
+            return already_complete(earlier, started)
         self.parts.start(self.manifest, options.overwrite)
         finished = self.parts.finished()
-        total = count_rows(options.input)
-        self.progress.start(total, sum(finished.values()))
+        self.progress.start(count_rows(options.input), sum(finished.values()))
         slices = self._run_stages(finished)
         self.progress.finish()
-        counts = self._counts(slices)
-        self.parts.join(slices, output_metadata(self.manifest, sum(counts), counts[1]))
+        results, errors = self.parts.counts(slices)
+        self.parts.join(slices, output_metadata(self.manifest, results + errors, errors))
         resumed = sum(finished.values())
-        return JobReport(sum(counts), counts[0], counts[1], resumed, time.monotonic() - started)
-
-    def _complete_already(self, started: float) -> JobReport:
-        earlier = self._output_metadata()
-        if earlier is None or {k: earlier.get(k) for k in self.manifest} != self.manifest:
-            raise JobMismatch(
-                f"{self.options.output} exists and was not made by this job; add --overwrite to replace it"
-            )
-        rows, errors = int(earlier["rows"]), int(earlier["errors"])
-        return JobReport(rows, rows - errors, errors, rows, time.monotonic() - started, already_complete=True)
-
-    def _output_metadata(self) -> dict[str, Any] | None:
-        import json
-
-        output = self.options.output
-        if output.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            found = (pq.read_schema(output).metadata or {}).get(b"maskserve")
-            return None if found is None else dict(json.loads(found))
-        sidecar = metadata_path(output)
-        return dict(json.loads(sidecar.read_text(encoding="utf-8"))) if sidecar.exists() else None
+        return JobReport(results + errors, results, errors, resumed, time.monotonic() - started)
 
     # -- the stages ------------------------------------------------------------------------------
 
@@ -214,15 +199,3 @@ class Job:
                 return source.get(timeout=0.1)
             except queue.Empty:
                 continue
-
-    # -- the output's description ------------------------------------------------------------
-
-    def _counts(self, slices: int) -> tuple[int, int]:
-        results = errors = 0
-        for part in self.parts.rows(slices):
-            for row in part:
-                if "error" in row:
-                    errors += 1
-                else:
-                    results += 1
-        return results, errors

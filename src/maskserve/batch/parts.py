@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from maskserve.batch.formats import Row, RowWriter, id_type
 
 MANIFEST = "job.json"
@@ -86,6 +88,33 @@ class Parts:
             path = self.folder / f"part-{number:06d}.jsonl"
             with path.open(encoding="utf-8") as handle:
                 yield [json.loads(line) for line in handle]
+
+    def completed(self, manifest: dict[str, Any], overwrite: bool) -> dict[str, Any] | None:
+        """The output's metadata when an earlier run of this same job finished it (nothing to do),
+        None when it is still to be made; raises :class:`JobMismatch` when the output there was made
+        by another job, unless ``overwrite``."""
+        if overwrite or not self.output.exists() or self.folder.exists():
+            return None
+        earlier = self._output_metadata()
+        if earlier is None or {key: earlier.get(key) for key in manifest} != manifest:
+            raise JobMismatch(f"{self.output} exists and was not made by this job; add --overwrite to replace it")
+        return earlier
+
+    def _output_metadata(self) -> dict[str, Any] | None:
+        if self.output.suffix == ".parquet":
+            found = (pq.read_schema(self.output).metadata or {}).get(b"maskserve")
+            return None if found is None else dict(json.loads(found))
+        sidecar = metadata_path(self.output)
+        return dict(json.loads(sidecar.read_text(encoding="utf-8"))) if sidecar.exists() else None
+
+    def counts(self, count: int) -> tuple[int, int]:
+        """Results and error rows in parts 0..count-1."""
+        results = errors = 0
+        for part in self.rows(count):
+            for row in part:
+                errors += "error" in row
+                results += "error" not in row
+        return results, errors
 
     def join(self, count: int, metadata: dict[str, Any]) -> None:
         """Write the output from parts 0..count-1 in input order, with its metadata, then remove

@@ -27,7 +27,7 @@ import pyarrow.csv as pa_csv
 import ray
 
 from maskserve.batch.formats import NOT_AN_OBJECT, NOT_JSON, Row, columns, count_rows, file_format
-from maskserve.batch.job import JobOptions, JobReport
+from maskserve.batch.job import JobOptions, JobReport, already_complete
 from maskserve.batch.job_tasks import job_task
 from maskserve.batch.manifest import manifest, model_revision, output_metadata
 from maskserve.batch.parts import Parts
@@ -136,6 +136,9 @@ def run_on_ray(options: JobOptions, settings: Settings, address: str, actors: in
             part_rows=options.part_rows,
         )
         parts = Parts(options.output)
+        earlier = parts.completed(described, options.overwrite)
+        if earlier is not None:
+            return already_complete(earlier, started)
         parts.start(described, options.overwrite)
         progress = progress_for(sys.stderr, quiet)
         total = count_rows(options.input)
@@ -157,11 +160,7 @@ def run_on_ray(options: JobOptions, settings: Settings, address: str, actors: in
     finally:
         if own_cluster:
             ray.shutdown()
-    results = errors = 0
-    for part in parts.rows(slices):
-        for row in part:
-            errors += "error" in row
-            results += "error" not in row
+    results, errors = parts.counts(slices)
     parts.join(slices, output_metadata(described, results + errors, errors))
     resumed = sum(finished.values())
     return JobReport(results + errors, results, errors, resumed, time.monotonic() - started)
