@@ -118,6 +118,8 @@ def main(argv: Sequence[str]) -> int:
     except click.ClickException as exc:
         print(f"maskserve batch: {exc.format_message()} (maskserve batch --help)", file=sys.stderr)
         return 2
+    if not isinstance(values, dict):  # --help, printed: click hands back its exit code
+        return int(values or 0)
     try:
         settings = load_settings(flags, checks={"model": check_models})
         options = _options(values)

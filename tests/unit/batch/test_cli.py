@@ -143,3 +143,10 @@ def test_refusals_exit_2_or_1_with_one_line_and_no_traceback(tmp_path: Path) -> 
         done = batch(*args)
         assert done.returncode == code, (name, done.stderr)
         assert says in done.stderr and "Traceback" not in done.stderr, (name, done.stderr)
+
+
+def test_help_lists_the_jobs_options_and_points_at_the_servers_flags() -> None:
+    done = batch("--help")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert "Usage: maskserve batch [OPTIONS] INPUT OUTPUT" in done.stdout
+    assert "--part-rows" in done.stdout and "--ray" in done.stdout and "maskserve --help" in done.stdout
