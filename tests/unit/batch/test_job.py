@@ -17,7 +17,7 @@ from maskserve.config.bounds import settings_from
 from maskserve.config.model_configs import model_configs
 from maskserve.engine import FillMaskEngine
 from maskserve.model_api import FillMaskModel, Query, TextPredictions
-from tests.conftest import ClientFactory
+from tests.conftest import HAS_ONNXRUNTIME, HAS_OPENVINO, NO_ONNXRUNTIME, NO_OPENVINO, ClientFactory
 from tests.unit.api.test_views import SCORE_TOLERANCE
 
 LONG = " ".join(["the cat sat on the mat."] * 60) + " the [MASK] sat."
@@ -180,3 +180,20 @@ def test_a_finished_output_is_not_run_again_unless_asked_and_another_jobs_is_ref
     with pytest.raises(JobMismatch, match="exists and was not made by this job"):
         run(bert_engine, JobOptions(source, output, task="score"))
     assert run(bert_engine, JobOptions(source, output, task="score", overwrite=True)).rows == 1
+
+
+@pytest.mark.parametrize(
+    ("fixture", "needed"),
+    [("onnx_bert_engine", (HAS_ONNXRUNTIME, NO_ONNXRUNTIME)), ("ov_bert_engine", (HAS_OPENVINO, NO_OPENVINO))],
+)
+def test_a_graph_backend_answers_the_job_as_torch_does(
+    tmp_path: Path, bert_engine: FillMaskEngine, request: pytest.FixtureRequest, fixture: str, needed: tuple[bool, str]
+) -> None:
+    if not needed[0]:
+        pytest.skip(needed[1])
+    graph: FillMaskModel = request.getfixturevalue(fixture)
+    for task, rows in (("fill-mask", FILL_ROWS), ("score", SCORE_ROWS)):
+        source = write_jsonl(tmp_path / f"{task}.jsonl", rows)
+        run(bert_engine, JobOptions(source, tmp_path / f"{task}-torch.jsonl", task=task))
+        run(graph, JobOptions(source, tmp_path / f"{task}-graph.jsonl", task=task))
+        assert_close(output_rows(tmp_path / f"{task}-graph.jsonl"), output_rows(tmp_path / f"{task}-torch.jsonl"))
