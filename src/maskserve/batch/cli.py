@@ -113,8 +113,6 @@ def main(argv: Sequence[str]) -> int:
     own, flags = split_arguments(argv)
     try:
         values = _command().main(own, prog_name="maskserve batch", standalone_mode=False)
-    except click.exceptions.Exit as done:  # --help
-        return int(done.exit_code)
     except click.ClickException as exc:
         print(f"maskserve batch: {exc.format_message()} (maskserve batch --help)", file=sys.stderr)
         return 2

@@ -16,6 +16,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
 
+from maskserve.batch.cli import split_arguments
 from maskserve.batch.formats import read_rows
 from maskserve.batch.parts import parts_folder
 from tests.live_server import child_env, maskserve_command, run_maskserve
@@ -150,3 +151,11 @@ def test_help_lists_the_jobs_options_and_points_at_the_servers_flags() -> None:
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert "Usage: maskserve batch [OPTIONS] INPUT OUTPUT" in done.stdout
     assert "--part-rows" in done.stdout and "--ray" in done.stdout and "maskserve --help" in done.stdout
+
+
+def test_the_servers_flags_are_told_apart_from_the_jobs_own_arguments_with_their_values() -> None:
+    argv = ["in.jsonl", "--model", "out.jsonl", "--task", "score", "--no-warmup", "--dtype=bfloat16", "out.csv"]
+    own, flags = split_arguments(argv)
+    # "out.jsonl" here is --model's value, not the job's OUTPUT; a switch takes no value.
+    assert own == ["in.jsonl", "--task", "score", "out.csv"]
+    assert flags == ["--model", "out.jsonl", "--no-warmup", "--dtype=bfloat16"]
