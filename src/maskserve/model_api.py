@@ -79,6 +79,15 @@ class Query:
         return 0 if self.read_by_server else self.predictions * self.n_tokens
 
 
+@dataclass(frozen=True)
+class WordPieces:
+    """A vocabulary's word classes (whole-word search): the ids that may start a word, and those
+    that may continue one; special tokens are in neither."""
+
+    starts: tuple[int, ...]
+    continues: tuple[int, ...]
+
+
 # A text's token ids with special tokens, and each token's word index (None for special tokens).
 Words = tuple[tuple[int, ...], tuple[int | None, ...]]
 
@@ -161,6 +170,15 @@ class FillMaskModel(Protocol):
     def fill_word(self, input_ids: Sequence[int], position: int, word: Sequence[int]) -> tuple[str, str]:
         """``(token_str, sequence)`` of the tokens ``word`` put in at ``position`` (a mask), decoded
         as a single token's prediction is: the word's own text, and the whole text with it in."""
+        ...
+
+    def word_pieces(self) -> WordPieces:
+        """Which vocabulary ids start a word and which continue one (computed once, cached)."""
+        ...
+
+    def whole_words(self, words: Sequence[Sequence[int]]) -> list[bool]:
+        """For each piece sequence, whether it is a word the tokenizer itself writes so, in one
+        word, with valid text: the whole-word search offers only these."""
         ...
 
     def predict(self, queries: Sequence[Query], progress: Progress | None = None) -> list[TextPredictions]:

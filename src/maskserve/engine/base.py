@@ -23,7 +23,8 @@ from maskserve.engine.cpu import describe_features, precision_in_effect
 from maskserve.engine.pretrained import check_tokenizer, max_tokens
 from maskserve.engine.spliced_decode import SplicedText
 from maskserve.engine.threads import ThreadPolicy
-from maskserve.model_api import Prediction, Progress, Query, TextPredictions, Words
+from maskserve.engine.word_pieces import whole_words, word_pieces
+from maskserve.model_api import Prediction, Progress, Query, TextPredictions, WordPieces, Words
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,10 @@ def answered_masks(queries: Sequence[Query], rows: np.ndarray, cols: np.ndarray)
     return (rows, cols) if keep.all() else (rows[keep], cols[keep])
 
 
+def _index_tensor(ids: tuple[int, ...]) -> torch.Tensor:
+    return torch.tensor(ids, dtype=torch.long)
+
+
 class FillMaskEngine:
     """What every backend shares: a tokenizer, and answers to batches of :class:`Query`.
 
@@ -143,6 +148,9 @@ class FillMaskEngine:
         # A long text's segments, kept while its answer's candidates are decoded: a request's fold
         # asks for one text many times in a row, and a few requests' folds may interleave.
         self._spliced = functools.lru_cache(maxsize=16)(self._splice)
+        # A whole-word search asks every row for the same long list of ids (the word classes): its
+        # index tensor is built once, not per row.
+        self._target_index = functools.lru_cache(maxsize=8)(_index_tensor)
         # Filled in by the loader, for /info and the load-time metric.
         self.source: str = name
         self.load_seconds: float | None = None
@@ -189,6 +197,18 @@ class FillMaskEngine:
             )["input_ids"]
             words.append(tuple(pieces))
         return tuple(words)
+
+    @functools.cached_property
+    def _word_pieces(self) -> WordPieces:
+        return word_pieces(self.tokenizer)
+
+    def word_pieces(self) -> WordPieces:
+        """The vocabulary's word classes (word_pieces.py), computed on first use."""
+        return self._word_pieces
+
+    def whole_words(self, words: Sequence[Sequence[int]]) -> list[bool]:
+        """Which piece sequences are whole words (word_pieces.py)."""
+        return whole_words(self.tokenizer, words)
 
     def fill_word(self, input_ids: Sequence[int], position: int, word: Sequence[int]) -> tuple[str, str]:
         """The word's text and the text with it put in at ``position``, decoded as a single
@@ -294,7 +314,7 @@ class FillMaskEngine:
     def _top_predictions(self, query: Query, probs: torch.Tensor) -> list[Prediction]:
         candidates = probs
         if query.target_ids is not None:
-            candidates = probs[list(query.target_ids)]
+            candidates = probs[self._target_index(query.target_ids)]
         k = min(query.top_k, candidates.shape[0])
         values, indices = candidates.topk(k)
         predictions: list[Prediction] = []

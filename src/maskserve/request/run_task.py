@@ -22,8 +22,9 @@ from maskserve.request.deadlines import request_deadline
 from maskserve.request.keys import service_of, state_of
 from maskserve.request.state import RequestState
 from maskserve.service.served_model import ServedModel
+from maskserve.serving.costs import NO_WORK
 from maskserve.serving.work_queue import Answer, slowest
-from maskserve.tasks.task import AnswerT, PlanT, Ran, RequestT, Task
+from maskserve.tasks.task import AnswerT, PlanT, Ran, RequestT, Rounds, Task
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -165,7 +166,17 @@ async def run_recorded(
             plan = await served.plan(task, asked)
         if state.deadline is None:
             raise RuntimeError("a request runs only once its deadline is fixed; this is a bug")
-        rows = state.answers = await served.answer(plan.queries, state.deadline, state.trace)
+        rounds: Rounds | None = plan if isinstance(plan, Rounds) else None
+        # A plan in rounds is admitted once, on what all its rounds can cost; its later rounds
+        # queue with no second admission, so none is refused half-way through its work.
+        cost = rounds.bound if rounds is not None else None
+        rows = state.answers = await served.answer(plan.queries, state.deadline, state.trace, cost=cost)
+        if rounds is not None:
+            every = list(rows)
+            while following := rounds.next_round(rows):
+                rows = await served.answer(following, state.deadline, state.trace, cost=NO_WORK)
+                every.extend(rows)
+            rows = state.answers = every
         state.windows = plan.windows
         return Ran(asked, await served.fold(task, plan, rows), rows, plan.windows)
 

@@ -129,11 +129,17 @@ class ServedModel:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.loaded.tokenizer, task.fold, plan, answers, model)
 
-    async def answer(self, queries: Sequence[Query], deadline: float, trace: RequestTrace) -> list[Answer]:
-        """Admit a request on its whole cost, queue its rows and wait for their answers, traced."""
+    async def answer(
+        self, queries: Sequence[Query], deadline: float, trace: RequestTrace, *, cost: Work | None = None
+    ) -> list[Answer]:
+        """Admit a request on its whole cost (``cost``, or its rows'), queue its rows and wait for
+        their answers, traced. ``Work()`` admits nothing more: a later round of a request admitted
+        on the cost of all its rounds."""
         parts = self.loaded
         time_left = deadline - asyncio.get_running_loop().time()
-        parts.admission.admit(Work.of(queries), time_left, self.settings.request_timeout)
+        work = Work.of(queries) if cost is None else cost
+        if work.texts:
+            parts.admission.admit(work, time_left, self.settings.request_timeout)
         queued_ns = time.time_ns()
         answers = await parts.batcher.answer(queries, deadline, trace.link)
         trace.served(answers, queued_ns)

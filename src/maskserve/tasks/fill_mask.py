@@ -12,6 +12,7 @@ from maskserve.model_api import FillMaskModel, Query, text_answer_json
 from maskserve.serving.work_queue import Answer, slowest
 from maskserve.tasks.fill_mask_request import FillMaskRequest, RequestParser
 from maskserve.tasks.whole_words import FillWord, TextPlan, text_predictions
+from maskserve.tasks.word_search_plan import WordSearchPlan, search_answers
 
 
 @dataclass(frozen=True)
@@ -40,16 +41,24 @@ class FillMask:
     def tokenizes(self, request: FillMaskRequest) -> int:
         return sum(len(text) for text in (*request.texts, *(request.targets or ())))
 
-    def plan(self, request: FillMaskRequest, model: FillMaskModel) -> FillMaskPlan:
+    def plan(self, request: FillMaskRequest, model: FillMaskModel) -> FillMaskPlan | WordSearchPlan:
+        if request.whole_words:
+            return self.parser.search_plan(request, model)
         return FillMaskPlan(tuple(self.parser.plans(request, model)))
 
-    def decodes(self, plan: FillMaskPlan) -> int:
+    def decodes(self, plan: FillMaskPlan | WordSearchPlan) -> int:
+        if isinstance(plan, WordSearchPlan):
+            return plan.decoded_predictions
         # Whole words and windows' predictions decoded into the answers, times their texts' tokens;
         # a text read whole without whole words comes back from the inference thread answered and
         # encoded already.
         return sum(text.decoded_predictions * text.query.n_tokens for text in plan.texts)
 
-    def fold(self, plan: FillMaskPlan, answers: Sequence[Answer], model: FillMaskModel) -> list[Answer]:
+    def fold(
+        self, plan: FillMaskPlan | WordSearchPlan, answers: Sequence[Answer], model: FillMaskModel
+    ) -> list[Answer]:
+        if isinstance(plan, WordSearchPlan):
+            return search_answers(plan, answers, model)
         if not any(text.folds for text in plan.texts):
             return list(answers)  # one query per text, answered as the text
         return combined_answers(plan.texts, answers, model.fill_word)

@@ -7,7 +7,8 @@ Two request forms reach ``POST /``:
   "targets": str | [str], "multi_token_targets": "whole_word" | "first_token", "long_text":
   "window" | "refuse"}}``; a target of several tokens is a whole word (whole_words.py) unless
   ``first_token`` asks for the pipeline's first token; a text longer than the model reads is read
-  in windows (windows.py) unless ``refuse`` asks for a 422.
+  in windows (windows.py) unless ``refuse`` asks for a 422; ``"whole_words": true`` (with
+  ``max_word_pieces`` and ``word_beam``) answers each mask's best whole words (word_search.py).
 Everything is checked here, before anything is queued, so a bad input fails alone.
 """
 
@@ -44,6 +45,13 @@ from maskserve.tasks.whole_words import (
     split_targets,
 )
 from maskserve.tasks.windows import DEFAULT_LONG_TEXT, Layout, LongText, fits
+from maskserve.tasks.word_search import (
+    DEFAULT_MAX_WORD_PIECES,
+    DEFAULT_WORD_BEAM,
+    MAX_WORD_BEAM,
+    MAX_WORD_PIECES,
+)
+from maskserve.tasks.word_search_plan import WordSearchPlan, plan_search
 
 # A whole word's "tokens" list in JSON: the key and brackets, then per id its digits and ", ",
 # each within this many bytes (ids run to a few hundred thousand).
@@ -64,6 +72,10 @@ class FillMaskRequest:
     multi_token_targets: MultiTokenTargets = DEFAULT_MULTI_TOKEN_TARGETS
     # A text longer than the model reads: windows, or a 422.
     long_text: LongText = DEFAULT_LONG_TEXT
+    # Each mask's best whole words, of up to max_word_pieces pieces, found with a beam this wide.
+    whole_words: bool = False
+    max_word_pieces: int = DEFAULT_MAX_WORD_PIECES
+    word_beam: int = DEFAULT_WORD_BEAM
 
 
 def inputs_body_schema(
@@ -106,10 +118,34 @@ def request_schema(settings: Settings) -> dict[str, Any]:
             },
             "multi_token_targets": multi_token_targets_schema(),
             "long_text": long_text_schema(),
+            **whole_words_schema(),
         },
         # Older Inference API clients send {"options": {"wait_for_model": true}}; nothing to do.
         {"options": {"type": ["object", "null"]}},
     )
+
+
+def whole_words_schema() -> dict[str, Any]:
+    """The whole-word search's parameters, with their limits."""
+    return {
+        "whole_words": {
+            "type": ["boolean", "null"],
+            "description": "Answer each mask's top_k whole words, of one or several pieces, ranked by the chain "
+            "rule's probability (as whole-word targets are scored); not with targets. Default false.",
+        },
+        "max_word_pieces": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "maximum": MAX_WORD_PIECES,
+            "description": f"With whole_words: how many pieces a word may take. Default {DEFAULT_MAX_WORD_PIECES}.",
+        },
+        "word_beam": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "maximum": MAX_WORD_BEAM,
+            "description": f"With whole_words: prefixes the search keeps per word length. Default {DEFAULT_WORD_BEAM}.",
+        },
+    }
 
 
 def multi_token_targets_schema() -> dict[str, Any]:
@@ -136,6 +172,14 @@ class RequestParser(BodyParser[FillMaskRequest]):
         top_k = parameters.get("top_k")
         mode = parameters.get("multi_token_targets")
         long_text = parameters.get("long_text")
+        whole_words = bool(parameters.get("whole_words"))
+        if whole_words and targets is not None:
+            raise InvalidInput(
+                "parameters.whole_words finds the words itself: send it without parameters.targets (which scores "
+                "the words named)",
+                field="parameters.whole_words",
+            )
+        pieces, beam = parameters.get("max_word_pieces"), parameters.get("word_beam")
         return FillMaskRequest(
             texts=(inputs,) if isinstance(inputs, str) else tuple(inputs),
             batched=not isinstance(inputs, str),
@@ -143,6 +187,9 @@ class RequestParser(BodyParser[FillMaskRequest]):
             targets=None if targets is None else ((targets,) if isinstance(targets, str) else tuple(targets)),
             multi_token_targets=DEFAULT_MULTI_TOKEN_TARGETS if mode is None else mode,
             long_text=DEFAULT_LONG_TEXT if long_text is None else long_text,
+            whole_words=whole_words,
+            max_word_pieces=DEFAULT_MAX_WORD_PIECES if pieces is None else int(pieces),
+            word_beam=DEFAULT_WORD_BEAM if beam is None else int(beam),
         )
 
     def check_before_schema(self, document: Any) -> None:
@@ -179,6 +226,14 @@ class RequestParser(BodyParser[FillMaskRequest]):
         self._check_queued(plans)
         self._check_answer_size(plans, model)
         return plans
+
+    def search_plan(self, request: FillMaskRequest, model: FillMaskModel) -> WordSearchPlan:
+        """Each text's searches, one per mask (word_search_plan.plan_search), or the first problem."""
+        many = len(request.texts) > 1
+        places = [f"{request.location}[{index}]" if many else None for index in range(len(request.texts))]
+        queries = [self._query(text, place, request, None, model) for text, place in zip(request.texts, places)]
+        fields = [place or request.location for place in places]
+        return plan_search(queries, fields, model, request.max_word_pieces, request.word_beam, self.settings.max_queue)
 
     def _targets(self, request: FillMaskRequest, model: FillMaskModel) -> Targets | None:
         if request.targets is None:

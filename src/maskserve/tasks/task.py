@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 from maskserve.model_api import FillMaskModel, Query
+from maskserve.serving.costs import Work
 from maskserve.serving.work_queue import Answer
 
 
@@ -21,6 +22,21 @@ class Plan(Protocol):
     @property
     def windows(self) -> tuple[int, ...]:
         """How many windows each text is read in, in request order (1: read whole)."""
+        ...
+
+
+@runtime_checkable
+class Rounds(Protocol):
+    """A plan answered in rounds (a whole-word search): each round's rows are known only once the
+    last round's are answered. Its :attr:`Plan.queries` are the first round's."""
+
+    @property
+    def bound(self) -> Work:
+        """What all its rounds can cost together: what admission prices, once, before any work."""
+        ...
+
+    def next_round(self, answers: Sequence[Answer]) -> Sequence[Query]:
+        """Take the last round's answers, in its rows' order; the next round's rows (none: done)."""
         ...
 
 

@@ -51,3 +51,9 @@ def test_a_copy_the_server_reads_itself_is_not_encoded(bert_engine: FillMaskEngi
     _, plan = task.plan("the cat.", {}, bert_engine)
     copy = plan.queries[0]
     assert copy.read_by_server and answer_of(copy, bert_engine.predict([copy])[0], 1).json == b""
+
+
+def test_a_whole_word_search_is_refused_in_a_job_naming_the_parameter(bert_engine: FillMaskEngine) -> None:
+    task = job_task("fill-mask", Settings())
+    with pytest.raises(InvalidInput, match="whole_words"):
+        task.plan("the [MASK] sat.", {"whole_words": True}, bert_engine)
