@@ -113,11 +113,15 @@ def main(argv: Sequence[str]) -> int:
     own, flags = split_arguments(argv)
     try:
         values = _command().main(own, prog_name="maskserve batch", standalone_mode=False)
-    except click.exceptions.Exit as done:  # --help
+    except click.exceptions.Exit as done:
         return int(done.exit_code)
     except click.ClickException as exc:
         print(f"maskserve batch: {exc.format_message()} (maskserve batch --help)", file=sys.stderr)
         return 2
+    if not isinstance(values, dict):
+        # Out of standalone mode, click answers --help by printing it and returning its exit code
+        # in place of the command's return value.
+        return int(values or 0)
     try:
         settings = load_settings(flags, checks={"model": check_models})
         options = _options(values)

@@ -143,3 +143,12 @@ def test_refusals_exit_2_or_1_with_one_line_and_no_traceback(tmp_path: Path) -> 
         done = batch(*args)
         assert done.returncode == code, (name, done.stderr)
         assert says in done.stderr and "Traceback" not in done.stderr, (name, done.stderr)
+
+
+def test_help_prints_the_options_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    from maskserve.batch.cli import main
+
+    # In-process: click, out of its standalone mode, answers --help with a return value, not an exception.
+    assert main(["--help"]) == 0
+    shown = capsys.readouterr().out
+    assert "Usage: maskserve batch [OPTIONS] INPUT OUTPUT" in shown and "--ray ADDRESS" in shown
