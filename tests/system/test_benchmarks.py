@@ -527,3 +527,38 @@ def test_the_grpc_benchmark_runs_quick_and_every_client_answers_every_text_right
     assert report.count("target ≥ 1×): ") == report.count("target ≤ 1×): ") == 1  # the default model's
     assert "the protocols alone (the canned server): " in report and "connections the server closed" in report
     assert "tritonclient 2." in report and "grpcio 1." in report and "nan" not in report
+
+
+def test_the_batch_benchmarks_comparison_of_two_outputs_catches_a_changed_row() -> None:
+    from benchmarks.batch_steps import largest_difference
+
+    one = {"a": {"score": -1.0, "windows": 1}, "b": {"type": "too_long", "message": "m"}}
+    assert largest_difference(one, dict(one)) == (True, 0.0)
+    assert largest_difference(one, {**one, "a": {"score": -1.5, "windows": 1}}) == (True, 0.5)
+    assert largest_difference(one, {**one, "b": {"score": -2.0, "windows": 1}})[0] is False  # an error became a score
+    assert largest_difference(one, {"a": one["a"]})[0] is False  # a row is missing
+
+
+@pytest.mark.slow
+@pytest.mark.load
+def test_one_batch_run_measures_the_job_minicons_and_the_server_and_checks_accuracy_and_resume(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("minicons", reason="the batch benchmark needs minicons: see benchmarks/score.py")
+    from benchmarks.batch import BATCH_SIZES, METRICS, measure, render
+
+    # The shipped sample (201 pairs); minicons on one pair of each paradigm.
+    run = measure(None, 0, 1, 1, ray=False, full=False, work=tmp_path)
+    [round_] = run.rounds
+    assert set(round_.minicons) == set(BATCH_SIZES) and all(rate > 0 for rate in round_.minicons.values())
+    assert round_.server > 0 and round_.batch is not None
+    assert (round_.batch.rows, round_.batch.results, round_.batch.errors) == (402, 402, 0)
+    assert run.server_difference < 1e-4  # the job's scores are POST /score's
+    assert set(run.accuracy) == set(METRICS)
+    for ours, theirs in run.accuracy.values():
+        assert 0 <= ours <= 100 and abs(ours - theirs) <= 0.2
+    assert run.resumed is not None and run.resumed_same
+    assert 0 < run.resumed.parts_at_kill < run.resumed.parts and run.resumed.resumed_rows > 0
+    report = render(run, "python -m benchmarks.batch --quick")
+    assert "| `maskserve batch --task score`, as the job reports it | " in report and "CPU matrix features" in report
+    assert report.count("**met**") + report.count("**not met**") == 5  # two rates, two accuracies, the resume

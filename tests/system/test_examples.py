@@ -1,10 +1,16 @@
-"""The example plug-in (examples/ratelimit): loaded through --middleware, it limits each key over HTTP."""
+"""The examples: the plug-in (examples/ratelimit) limits each key over HTTP, the task (examples/task) is served
+with its route, and the BLiMP job (examples/blimp.py) prints what its batch outputs give."""
 
 from __future__ import annotations
 
 import importlib.metadata
+import json
+import statistics
+import subprocess
+import sys
 import tomllib
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -18,6 +24,7 @@ from maskserve.engine import FillMaskEngine
 from maskserve.http.app import SETTINGS_CHECKS, create_app
 from maskserve.http.routes import ROUTES
 from maskserve.middleware.chain import ENTRY_POINT_GROUP
+from tests.live_server import child_env
 from tests.models import LONG_TEXT
 from tests.paths import ROOT
 from tests.unit.middleware.test_error_sanitizer import error_of
@@ -161,3 +168,43 @@ async def test_the_example_task_is_in_the_openapi_document_only_when_served(
     default = await serve_with(aiohttp_client, bert_engine)
     assert "/filled" not in (await (await default.get("/openapi.json")).json())["paths"]
     assert (await default.post("/filled", data=PARIS)).status == 404
+
+
+# -- the BLiMP example (examples/blimp.py): maskserve batch as a user runs it, accuracy per paradigm -------
+
+
+@pytest.mark.slow
+def test_the_blimp_example_prints_each_paradigms_accuracy_as_the_batch_outputs_give_it(tmp_path: Path) -> None:
+    sample = ROOT / "benchmarks" / "data" / "blimp-sample.jsonl"
+    pairs = [json.loads(line) for line in sample.read_text(encoding="utf-8").splitlines()]
+    command = [sys.executable, str(ROOT / "examples" / "blimp.py"), str(sample), "--work", str(tmp_path)]
+    done = subprocess.run([*command, "--", "--quiet"], capture_output=True, text=True, env=child_env(), timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert f"{len(pairs)} pairs, {2 * len(pairs)} sentences" in done.stderr
+    rows = [line.strip("|").split("|") for line in done.stdout.splitlines() if line.startswith("| ")]
+    cells = {row[0].strip(): [cell.strip() for cell in row[1:]] for row in rows}
+    assert cells["paradigm"] == ["pairs", "original", "within_word_l2r"]
+    assert cells["phenomenon"] == ["paradigms", "original", "within_word_l2r"]
+    uids = sorted({pair["UID"] for pair in pairs})
+    assert len(uids) == 67 and all(cells[uid][0] == "3" for uid in uids)
+    for column, metric in enumerate(("original", "within_word_l2r"), start=1):
+        # Computed here from the job's own output, independently of the example's code.
+        scores = {}
+        for line in (tmp_path / f"scores-{metric}.jsonl").read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            scores[row["id"]] = row["result"]["score"]
+        assert len(scores) == 2 * len(pairs)
+        expected = {
+            uid: 100
+            * statistics.fmean(
+                scores[f"{uid}/{p['pairID']}/good"] > scores[f"{uid}/{p['pairID']}/bad"]
+                for p in pairs
+                if p["UID"] == uid
+            )
+            for uid in uids
+        }
+        shown = {uid: float(cells[uid][column]) for uid in uids}
+        assert all(0.0 <= value <= 100.0 for value in shown.values())
+        assert shown == pytest.approx({uid: round(value, 1) for uid, value in expected.items()}, abs=1e-9)
+        overall_row = next(cells[name] for name in cells if name.startswith("**overall**"))
+        assert float(overall_row[column].strip("*")) == pytest.approx(round(statistics.fmean(expected.values()), 1))

@@ -172,7 +172,9 @@ def _dataset(path: Path) -> Any:
     # Reading asks for no CPU of Ray's: with any share it waits forever once the model actors hold
     # every CPU of a small cluster (each actor holds its --threads CPUs); it is light beside them.
     if kind == "jsonl":
-        return ray.data.read_text(str(path), num_cpus=READ_CPUS).rename_columns({"text": "line"})
+        # The renaming is a step of its own (a read at no CPU does not fuse with a step at one):
+        # it too asks for none, or it waits forever behind actors that hold every CPU.
+        return ray.data.read_text(str(path), num_cpus=READ_CPUS).rename_columns({"text": "line"}, num_cpus=READ_CPUS)
     if kind == "csv":
         # Every column as text, as a local run reads it: an id of digits stays as written.
         types = {name: pa.string() for name in columns(path)}

@@ -4,6 +4,7 @@ error rows included, and the public callable class answers a batch as the job do
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -61,3 +62,16 @@ def test_the_public_callable_class_answers_a_batch_as_a_job_does(bert_dir: Path)
     assert answered["id"] == ['"a"', "null"]
     assert json.loads(answered["result"][0])["score"] < 0 and answered["error"][0] is None
     assert answered["result"][1] is None and json.loads(answered["error"][1])["type"] == "invalid_input"
+
+
+def test_ray_local_finishes_when_one_actor_holds_every_cpu_of_the_cluster(tmp_path: Path) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text("\n".join(LINES) + "\n")
+    # --threads as many as the cluster's CPUs (the default on a machine of two): the one actor holds
+    # them all, and every other step of the pipeline must still run.
+    cpus = str(os.cpu_count() or 1)
+    done = run_maskserve(
+        "batch", str(source), str(tmp_path / "out.jsonl"), "--ray", "local", "--threads", cpus, "--quiet", timeout_s=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "batch: 44 rows: 42 results, 2 errors" in done.stderr
