@@ -557,8 +557,8 @@ def test_one_batch_run_measures_the_job_minicons_and_the_server_and_checks_accur
     assert set(run.accuracy) == set(METRICS)
     for ours, theirs in run.accuracy.values():
         assert 0 <= ours <= 100 and abs(ours - theirs) <= 0.2
-    assert run.resumed is not None and run.resumed_same
-    assert 0 < run.resumed.parts_at_kill < run.resumed.parts and run.resumed.resumed_rows > 0
+    assert round_.resumed is not None and run.resumed_same
+    assert 0 < round_.resumed.parts_at_kill < round_.resumed.parts and round_.resumed.resumed_rows > 0
     report = render(run, "python -m benchmarks.batch --quick")
     assert "| `maskserve batch --task score`, as the job reports it | " in report and "CPU matrix features" in report
     assert report.count("**met**") + report.count("**not met**") == 5  # two rates, two accuracies, the resume
