@@ -539,6 +539,19 @@ def test_the_batch_benchmarks_comparison_of_two_outputs_catches_a_changed_row() 
     assert largest_difference(one, {"a": one["a"]})[0] is False  # a row is missing
 
 
+def test_the_whole_words_cloze_set_holds_a_hundred_answers_of_two_or_three_pieces() -> None:
+    from benchmarks.cloze_words import CLOZE
+    from benchmarks.whole_words import clozes
+
+    tokenizer = AutoTokenizer.from_pretrained(str(default_model_dir()))
+    found = clozes(tokenizer, 1000)
+    assert len(found) >= 100 and len({c.text for c in found}) == len(found)
+    for cloze in found:
+        assert tokenizer(cloze.text)["input_ids"].count(tokenizer.mask_token_id) == 1
+        assert 2 <= len(cloze.pieces) <= 3 and tokenizer.decode(list(cloze.pieces)) == cloze.answer
+    assert all("{mask}" in sentence for sentence, _ in CLOZE)
+
+
 @pytest.mark.slow
 @pytest.mark.load
 def test_one_batch_run_measures_the_job_minicons_and_the_server_and_checks_accuracy_and_resume(
@@ -562,3 +575,21 @@ def test_one_batch_run_measures_the_job_minicons_and_the_server_and_checks_accur
     report = render(run, "python -m benchmarks.batch --quick")
     assert "| `maskserve batch --task score`, as the job reports it | " in report and "CPU matrix features" in report
     assert report.count("**met**") + report.count("**not met**") == 5  # two rates, two accuracies, the resume
+
+
+@pytest.mark.slow
+@pytest.mark.load
+def test_the_whole_words_benchmark_runs_quick_and_reports_each_target_with_its_verdict(tmp_path: Path) -> None:
+    from benchmarks.whole_words import QUICK, render, run
+
+    result = run(QUICK, tmp_path)
+    assert len(result.clozes) == QUICK.sentences
+    assert all(len(result.latency_ms[kind]) == QUICK.sentences for kind in ("plain", "words"))
+    assert len(result.throughput) == 1 and all(rate > 0 for rate in result.throughput[0])
+    assert len(result.exact) == len(result.word_ranks) == QUICK.sentences
+    # A plain fill answers single pieces: never a word of two or three.
+    assert result.plain_ranks == [None] * QUICK.sentences
+    report = render(result, "python -m benchmarks.whole_words --quick")
+    assert report.count("| **met** |") + report.count("| **not met** |") == 3
+    assert "python -m benchmarks.whole_words --quick" in report and "AVX-512/AMX flags:" in report
+    assert "nan" not in report

@@ -216,7 +216,8 @@ def oip_infer_doc(settings: Settings, mask_token: str) -> Schema:
             f'One BYTES input "{INPUT_NAME}" of shape [n], 1 <= n <= {settings.max_inputs}; the BYTES output the '
             f'request names (outputs[0].name), of the same shape: "{OUTPUT_NAME}" (the default), each element '
             f'the JSON `POST /` answers for that text, or "{SCORES_NAME}", the JSON `POST /score` answers for it. '
-            "`top_k`, `targets` (comma-separated, or a list) and `multi_token_targets` are request parameters "
+            "`top_k`, `targets` (comma-separated, or a list), `multi_token_targets`, and `whole_words` with "
+            "`max_word_pieces` and `word_beam`, are request parameters "
             f'of "{OUTPUT_NAME}", as for `POST /`; `metric` and `tokens` of "{SCORES_NAME}", as for `POST /score`; '
             "`long_text` of both. Tensors in JSON, or "
             f"in Triton's binary tensor data extension ({HEADER_LENGTH}; the answer follows the request's "

@@ -1,13 +1,14 @@
 """The demo page: a server-rendered form that fills in masks through the API's own path.
 
 Routes (see http/routes.py); what the template shows is built in shown.py:
-- ``GET /`` renders the page. ``?text=`` and ``?top_k=`` only fill in the form (the example
-  links), they never run the model: a GET stays cheap, and prefetchers or crawlers queue no work.
+- ``GET /`` renders the page. ``?text=``, ``?top_k=`` and ``?whole_words=on`` only fill in the
+  form (the example links), they never run the model: a GET stays cheap, and prefetchers or crawlers queue no work.
 - ``POST /demo/score`` takes the scoring form (score_form.py) and answers the same page.
 - ``POST /demo`` takes the form (``application/x-www-form-urlencoded``) and answers the page with
-  the predictions, or with the error inline and the typed text kept. The form cannot post to
-  ``/``: ``POST /`` reads *any* non-JSON body as raw text (``curl -d`` sends urlencoded), so a
-  form body there would be filled in as ``text=...`` instead of being decoded. A POST rather than
+  the predictions (each mask's best whole words when its "whole words" box is ticked), or with
+  the error inline and the typed text kept. The form cannot post to ``/``: ``POST /`` reads *any*
+  non-JSON body as raw text (``curl -d`` sends urlencoded), so a form body there would be filled
+  in as ``text=...`` instead of being decoded. A POST rather than
   a GET with the text in the URL, because a 10,000-character text does not fit in a request line.
 
 The page uses the API's parser, deadline, admission and batcher, so overload (503), timeout
@@ -88,6 +89,7 @@ def render(
     headers: Mapping[str, str] | None = None,
     scoring: ScoreForm | None = None,
     served: ServedModel | None = None,
+    whole_words: bool = False,
 ) -> web.Response:
     """The page for ``served`` (the default model when None); ``scoring`` is the scoring form's
     state (score_form.py), empty when None."""
@@ -112,6 +114,7 @@ def render(
         "max_top_k": settings.max_top_k,
         "text": text,
         "top_k": top_k or str(settings.default_top_k),
+        "whole_words": whole_words,
         "examples": [(example, "/?" + urlencode({**chosen, "text": example})) for example in examples],
         "result": result,
         "error": error,
@@ -141,10 +144,18 @@ def whole_number(raw: str) -> int | str:
         return raw
 
 
-def fill_mask_document(text: str, top_k: str) -> dict[str, Any]:
-    """The fill-mask form as the API's JSON body: the text, and top_k when one is typed."""
-    parameters = {"top_k": whole_number(top_k)} if top_k.strip() else {}
+def fill_mask_document(text: str, top_k: str, whole_words: bool = False) -> dict[str, Any]:
+    """The fill-mask form as the API's JSON body: the text, top_k when one is typed, and
+    whole_words when its box is ticked (the search's other parameters at their defaults)."""
+    parameters: dict[str, Any] = {"top_k": whole_number(top_k)} if top_k.strip() else {}
+    if whole_words:
+        parameters["whole_words"] = True
     return {"inputs": text, "parameters": parameters}
+
+
+def ticked(value: str) -> bool:
+    """Whether a checkbox's field says ticked: a browser sends its value ("on") only then."""
+    return value == "on"
 
 
 async def form_fields(request: web.Request, *names: str) -> tuple[str, ...]:
@@ -164,15 +175,18 @@ def page_model(request: web.Request, name: object) -> ServedModel:
 
 
 async def index(request: web.Request) -> web.Response:
-    """``GET /``: the page; ``?text=`` and ``?top_k=`` fill in the form without running it, and
-    ``?model=`` picks the model (the picker's own form sends it)."""
+    """``GET /``: the page; ``?text=``, ``?top_k=`` and ``?whole_words=on`` fill in the form without
+    running it, and ``?model=`` picks the model (the picker's own form sends it)."""
     text, top_k = request.query.get("text", ""), request.query.get("top_k", "")
+    whole_words = ticked(request.query.get("whole_words", ""))
     try:
         served = page_model(request, request.query.get("model"))
     except MaskserveError as exc:
         note_error(request, exc)
-        return render(request, text=text, top_k=top_k, error=page_error(exc), status=exc.status)
-    return render(request, text=text, top_k=top_k, served=served)
+        return render(
+            request, text=text, top_k=top_k, error=page_error(exc), status=exc.status, whole_words=whole_words
+        )
+    return render(request, text=text, top_k=top_k, served=served, whole_words=whole_words)
 
 
 async def demo_redirect(request: web.Request) -> web.Response:
@@ -184,7 +198,8 @@ async def demo(request: web.Request) -> web.Response:
     """``POST /demo``: the form's answer, through the API's admission, parser, queue and deadline."""
     # The form is read before the deadline and admission, unlike the API: a refusal must still
     # show the typed text in the box, and a form is at most --max-body-bytes.
-    text, top_k, model = await form_fields(request, "text", "top_k", "model")
+    text, top_k, model, box = await form_fields(request, "text", "top_k", "model", "whole_words")
+    whole_words = ticked(box)
     served: ServedModel | None = None
     try:
         served = chosen = page_model(request, model)
@@ -193,7 +208,7 @@ async def demo(request: web.Request) -> web.Response:
 
         async def read() -> FillMaskRequest:
             # The form as the API's JSON body, checked by the same schema in the same words.
-            return chosen.parser.parse_document(fill_mask_document(text, top_k))
+            return chosen.parser.parse_document(fill_mask_document(text, top_k, whole_words))
 
         ran = await run_task(request, served, served.fill_mask, read)
     except MaskserveError as exc:
@@ -208,8 +223,11 @@ async def demo(request: web.Request) -> web.Response:
             status=exc.status,
             headers=headers,
             served=served,
+            whole_words=whole_words,
         )
     result = build_result(text, served.loaded.model.mask_token, ran.result[0], ran.windows[0])
     # The answered page holds the typed text: no cache may keep it.
     headers = {**timing_headers(ran.rows), "Cache-Control": "no-store"}
-    return render(request, text=text, top_k=top_k, result=result, headers=headers, served=served)
+    return render(
+        request, text=text, top_k=top_k, result=result, headers=headers, served=served, whole_words=whole_words
+    )

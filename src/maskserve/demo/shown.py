@@ -185,6 +185,7 @@ def build_result(text: str, mask_token: str, answer: Answer, windows: int = 1) -
 # API's own checks names its field, and the page marks that input and says the form's words.
 FILL_MASK_FIELDS: dict[str, tuple[str, str]] = {
     "parameters.top_k": ("top_k", "the number of guesses"),
+    "parameters.whole_words": ("whole_words", "whole words"),
     "inputs": ("text", "the text"),
 }
 SCORE_FIELDS: dict[str, tuple[str, str]] = {

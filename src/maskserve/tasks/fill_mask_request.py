@@ -148,6 +148,24 @@ def whole_words_schema() -> dict[str, Any]:
     }
 
 
+def whole_words_fields(parameters: dict[str, Any]) -> dict[str, Any]:
+    """The whole-word search's fields of a :class:`FillMaskRequest`, from a request's parameters
+    (checked by :func:`whole_words_schema`): the one reading every surface shares."""
+    whole_words = bool(parameters.get("whole_words"))
+    if whole_words and parameters.get("targets") is not None:
+        raise InvalidInput(
+            "parameters.whole_words finds the words itself: send it without parameters.targets (which scores "
+            "the words named)",
+            field="parameters.whole_words",
+        )
+    pieces, beam = parameters.get("max_word_pieces"), parameters.get("word_beam")
+    return {
+        "whole_words": whole_words,
+        "max_word_pieces": DEFAULT_MAX_WORD_PIECES if pieces is None else int(pieces),
+        "word_beam": DEFAULT_WORD_BEAM if beam is None else int(beam),
+    }
+
+
 def multi_token_targets_schema() -> dict[str, Any]:
     """How a target of several tokens is answered: the one schema every route that takes targets uses."""
     return {
@@ -172,14 +190,6 @@ class RequestParser(BodyParser[FillMaskRequest]):
         top_k = parameters.get("top_k")
         mode = parameters.get("multi_token_targets")
         long_text = parameters.get("long_text")
-        whole_words = bool(parameters.get("whole_words"))
-        if whole_words and targets is not None:
-            raise InvalidInput(
-                "parameters.whole_words finds the words itself: send it without parameters.targets (which scores "
-                "the words named)",
-                field="parameters.whole_words",
-            )
-        pieces, beam = parameters.get("max_word_pieces"), parameters.get("word_beam")
         return FillMaskRequest(
             texts=(inputs,) if isinstance(inputs, str) else tuple(inputs),
             batched=not isinstance(inputs, str),
@@ -187,9 +197,7 @@ class RequestParser(BodyParser[FillMaskRequest]):
             targets=None if targets is None else ((targets,) if isinstance(targets, str) else tuple(targets)),
             multi_token_targets=DEFAULT_MULTI_TOKEN_TARGETS if mode is None else mode,
             long_text=DEFAULT_LONG_TEXT if long_text is None else long_text,
-            whole_words=whole_words,
-            max_word_pieces=DEFAULT_MAX_WORD_PIECES if pieces is None else int(pieces),
-            word_beam=DEFAULT_WORD_BEAM if beam is None else int(beam),
+            **whole_words_fields(parameters),
         )
 
     def check_before_schema(self, document: Any) -> None:

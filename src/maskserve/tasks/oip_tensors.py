@@ -6,7 +6,8 @@ BYTES outputs of the same shape, and a request asks for one (``predictions`` whe
 - ``predictions``: fill-mask. Per text, the JSON that ``POST /`` answers for that text alone (as
   MLServer's Hugging Face runtime does). ``top_k`` and ``targets`` are request ``parameters``; the
   protocol's parameter values are scalars, so ``targets`` is a string, comma-separated for several
-  words (a JSON list is accepted too). ``multi_token_targets`` is as for ``POST /``.
+  words (a JSON list is accepted too). ``multi_token_targets``, and ``whole_words`` with
+  ``max_word_pieces`` and ``word_beam`` (each mask's best whole words), are as for ``POST /``.
 - ``scores``: the pseudo-log-likelihood. Per text, the JSON ``POST /score`` answers for that text
   (``score``, ``windows``, and ``tokens`` when the ``tokens`` parameter is true); ``metric`` is as
   for ``POST /score``.
@@ -35,7 +36,12 @@ import jsonschema
 
 from maskserve.config.settings import Settings
 from maskserve.errors import InvalidBody, InvalidInput
-from maskserve.tasks.fill_mask_request import FillMaskRequest, multi_token_targets_schema
+from maskserve.tasks.fill_mask_request import (
+    FillMaskRequest,
+    multi_token_targets_schema,
+    whole_words_fields,
+    whole_words_schema,
+)
 from maskserve.tasks.pseudo_likelihood import METRICS
 from maskserve.tasks.request_checks import load_json, long_text_schema, schema_error
 from maskserve.tasks.score_request import DEFAULT_METRIC, ScoreRequest
@@ -49,7 +55,7 @@ OUTPUT_NAMES = (OUTPUT_NAME, SCORES_NAME)
 _OUTPUTS_SAID = " or ".join(f'"{name}"' for name in OUTPUT_NAMES)
 # Each output's own parameters: one output's are refused on a request for the other.
 TASK_PARAMETERS = {
-    OUTPUT_NAME: ("top_k", "targets", "multi_token_targets"),
+    OUTPUT_NAME: ("top_k", "targets", "multi_token_targets", "whole_words", "max_word_pieces", "word_beam"),
     SCORES_NAME: ("metric", "tokens"),
 }
 DATATYPE = "BYTES"
@@ -80,6 +86,7 @@ def infer_request_schema(settings: Settings) -> dict[str, Any]:
                         },
                     },
                     "multi_token_targets": multi_token_targets_schema(),
+                    **whole_words_schema(),
                     "metric": {
                         "enum": list(METRICS),
                         "x-messages": {"enum": f"parameters.metric must be one of {', '.join(METRICS)}"},
@@ -239,6 +246,7 @@ class InferRequestParser:
                 top_k=self.settings.default_top_k if top_k is None else int(top_k),
                 targets=self._targets(parameters.get("targets")),
                 **({} if mode is None else {"multi_token_targets": mode}),
+                **whole_words_fields(parameters),
                 **more,
             )
         return InferRequest(request=request, id=document.get("id"), binary_output=binary_output, output=output)

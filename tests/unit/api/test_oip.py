@@ -18,6 +18,7 @@ from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient
 from tritonclient.utils import InferenceServerException
 
+from maskserve.engine import FillMaskEngine
 from maskserve.request.keys import SERVICE_KEY
 from tests.conftest import ClientFactory
 from tests.fakes import ControlledModel, default_parts, wait_for_depth, wait_until_entered
@@ -444,3 +445,36 @@ async def test_one_outputs_parameters_on_the_other_are_refused_naming_them(
     body = infer_body([PARIS], parameters=parameters) | ({"outputs": outputs} if outputs else {})
     error = await error_of(await client.post("/v2/models/maskserve/infer", json=body), 422, "invalid_input")
     assert error["field"] == field and message in error["error"], error
+
+
+async def test_whole_words_answer_as_post_does_and_are_refused_with_targets(
+    make_client: ClientFactory, wordpiece_engine: FillMaskEngine
+) -> None:
+    client = await make_client(engine=wordpiece_engine, max_top_k=1000)
+    text = "the [MASK] sat on the house ."
+    # Past every one-piece word, so that words of several pieces rank in.
+    words = {"whole_words": True, "top_k": len(wordpiece_engine.word_pieces().starts) + 10, "max_word_pieces": 2}
+
+    def infer(server: triton.InferenceServerClient) -> list[Any]:
+        return predictions(server.infer("maskserve", [texts_input([text])], parameters=words))
+
+    found = await in_thread(client, infer)
+    assert found == await post_answers(client, [text], words)
+    assert any(len(p["tokens"]) == 2 for p in found[0]) and all(len(p["tokens"]) <= 2 for p in found[0])
+    # A narrower beam is the request's too: the same as POST's with it.
+    narrow = {**words, "word_beam": 1}
+    body = infer_body([text], parameters=narrow)
+    response = await client.post("/v2/models/maskserve/infer", json=body)
+    assert response.status == 200
+    assert [json.loads(item) for item in (await response.json())["outputs"][0]["data"]] == await post_answers(
+        client, [text], narrow
+    )
+    body = infer_body([text], parameters={"whole_words": True, "targets": "cat"})
+    error = await error_of(await client.post("/v2/models/maskserve/infer", json=body), 422, "invalid_input")
+    assert error["field"] == "parameters.whole_words"
+    body = infer_body([text], parameters={"whole_words": True, "word_beam": 0})
+    error = await error_of(await client.post("/v2/models/maskserve/infer", json=body), 422, "invalid_input")
+    assert error["field"] == "parameters.word_beam"
+    body = infer_body([text], parameters={"whole_words": True}) | {"outputs": [{"name": "scores"}]}
+    error = await error_of(await client.post("/v2/models/maskserve/infer", json=body), 422, "invalid_input")
+    assert "a parameter of the 'predictions' output" in error["error"]

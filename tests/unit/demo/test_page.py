@@ -13,6 +13,8 @@ from aiohttp.test_utils import TestClient
 
 from maskserve.config.settings import Settings
 from maskserve.demo.page import CONTENT_SECURITY_POLICY
+from maskserve.demo.shown import percent
+from maskserve.engine import FillMaskEngine
 from maskserve.http.app import create_app
 from maskserve.model_api import Query
 from tests.conftest import CONTROL_KEY, ClientFactory
@@ -33,6 +35,7 @@ class Page(HTMLParser):
         self.sentences: str | None = None
         self.sentences_attrs: dict[str, str | None] = {}
         self.top_k_attrs: dict[str, str | None] = {}
+        self.whole_words_attrs: dict[str, str | None] = {}
         self.metric_attrs: dict[str, str | None] = {}
         self.selected_metric: str | None = None
         self.error = ""
@@ -81,6 +84,8 @@ class Page(HTMLParser):
             self.posted_models.append(attributes.get("value"))
         elif tag == "input" and attributes.get("name") == "top_k":
             self.top_k_attrs = attributes
+        elif tag == "input" and attributes.get("name") == "whole_words":
+            self.whole_words_attrs = attributes
         elif tag == "form":
             self.forms[attributes.get("id") or ""] = attributes
         elif tag == "script":
@@ -200,6 +205,32 @@ async def test_form_submission_renders_the_api_predictions(make_client: ClientFa
     timing = page.texts_by_id["timing"]
     assert "Queued" in timing and "Computing" in timing and "Batch of" in timing
     assert page.textarea == PARIS
+
+
+async def test_the_whole_words_box_answers_the_apis_whole_words_and_stays_ticked(
+    make_client: ClientFactory, wordpiece_engine: FillMaskEngine
+) -> None:
+    client = await make_client(engine=wordpiece_engine, max_top_k=1000)
+    text = "the [MASK] sat on the house ."
+    # Past every one-piece word, so that words of several pieces rank in.
+    top_k = len(wordpiece_engine.word_pieces().starts) + 10
+    words = {"top_k": top_k, "whole_words": True}
+    api = await (await client.post("/", json={"inputs": text, "parameters": words})).json()
+    assert any(len(p["tokens"]) > 1 for p in api)
+    response = await client.post("/demo", data={"text": text, "top_k": str(top_k), "whole_words": "on"})
+    assert response.status == 200
+    page = Page(await response.text())
+    assert page.words == [p["token_str"] for p in api]
+    assert page.percents == [percent(p["score"]) for p in api]
+    assert "checked" in page.whole_words_attrs and page.whole_words_attrs.get("type") == "checkbox"
+    # Unticked, the form sends no field: the pipeline's answer, and the box comes back unticked.
+    plain = await (await client.post("/", json={"inputs": text, "parameters": {"top_k": top_k}})).json()
+    page = Page(await (await client.post("/demo", data={"text": text, "top_k": str(top_k)})).text())
+    assert page.words == [p["token_str"] for p in plain] != [p["token_str"] for p in api]
+    assert "checked" not in page.whole_words_attrs
+    # A link may tick it without running anything.
+    assert "checked" in Page(await (await client.get("/", params={"whole_words": "on"})).text()).whole_words_attrs
+    assert "checked" not in Page(await (await client.get("/")).text()).whole_words_attrs
 
 
 async def test_two_masks_get_a_table_and_a_highlight_each(make_client: ClientFactory) -> None:

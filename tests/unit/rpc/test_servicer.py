@@ -21,6 +21,7 @@ import tritonclient.grpc.aio as triton_aio
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
+from maskserve.engine import FillMaskEngine
 from maskserve.request.keys import SERVICE_KEY
 from maskserve.rpc.status import ERROR_FIELD_KEY, ERROR_TYPE_KEY, PUSHBACK_KEY, REQUEST_ID_KEY
 from maskserve.serving.costs import BatchReport
@@ -145,6 +146,38 @@ async def test_tritonclient_infers_with_parameters_as_post_does(make_grpc: GrpcF
 
     assert await asyncio.to_thread(infer, app.address) == await rest(
         app, "/", [PARIS], {"top_k": 2, "targets": ["dog", "city"]}
+    )
+
+
+async def test_whole_words_travel_as_request_parameters_and_answer_as_post_does(
+    make_grpc: GrpcFactory, wordpiece_engine: FillMaskEngine
+) -> None:
+    app = await make_grpc(engine=wordpiece_engine, max_top_k=1000)
+    text = "the [MASK] sat on the house ."
+    # Past every one-piece word, so that words of several pieces rank in.
+    words = {"whole_words": True, "top_k": len(wordpiece_engine.word_pieces().starts) + 10, "max_word_pieces": 2}
+
+    def infer(address: str) -> list[Any]:
+        client = triton.InferenceServerClient(address)
+        try:
+            return decoded(client.infer("maskserve", [texts_input([text])], parameters=words))
+        finally:
+            client.close()
+
+    found = await asyncio.to_thread(infer, app.address)
+    assert found == await rest(app, "/", [text], words)
+    assert any(len(p["tokens"]) == 2 for p in found[0]) and all(len(p["tokens"]) <= 2 for p in found[0])
+    # The raw stub's typed parameters: a narrower beam, as POST answers it; one out of range refused.
+    request = raw_request([text], raw=False)
+    request.parameters["whole_words"].bool_param = True
+    request.parameters["word_beam"].int64_param = 1
+    response = await app.stub.ModelInfer(request)
+    answer = [json.loads(item) for item in response.outputs[0].contents.bytes_contents]
+    assert answer == await rest(app, "/", [text], {"whole_words": True, "word_beam": 1})
+    request.parameters["word_beam"].int64_param = 0
+    error = await failing_call(app, request)
+    assert (
+        error.code() == grpc.StatusCode.INVALID_ARGUMENT and trailer(error, ERROR_FIELD_KEY) == "parameters.word_beam"
     )
 
 

@@ -1,10 +1,14 @@
 """The whole-word search, held to a brute-force oracle on a tiny model of each tokenizer family.
 
-The oracle scores every sequence of up to three non-special pieces at a mask by the chain rule,
-with the Hugging Face model itself (the mask replaced by n masks; piece i read with pieces 1..i-1
-in place, a softmax over the whole vocabulary), then walks them from the most probable down,
-keeping those the tokenizer writes so as one word, until it has top_k. The search, with a beam
-wide enough to hold every prefix, must return exactly those words and scores.
+The oracle scores sequences of up to three non-special pieces at a mask by the chain rule, with
+the Hugging Face model itself (the mask replaced by n masks; piece i read with pieces 1..i-1 in
+place, a softmax over the whole vocabulary), then walks them from the most probable down, keeping
+those the tokenizer writes so as one word, until it has top_k. Every one- and two-piece sequence
+is scored; a three-piece word's third piece is read only under the two-piece prefixes whose
+probability reaches the k-th word found so far. That is exact, not a beam: a prefix's probability
+bounds every completion of it (each further factor is at most 1), so a prefix below the k-th word
+holds no word of the top k. The oracle shares no code with the search. The search, with a beam
+wide enough to hold every prefix, must return exactly the oracle's words and scores.
 """
 
 from __future__ import annotations
@@ -17,17 +21,19 @@ import pytest
 import torch
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
-from maskserve.engine import FillMaskEngine
+from maskserve.engine import FillMaskEngine, load_engine
 from maskserve.model_api import Query, TextPredictions, WordPieces
 from maskserve.tasks.whole_words import word_copies
 from maskserve.tasks.word_search import DEFAULT_WORD_BEAM, MaskSearch, Word, rows_bound
 
-# Absolute, on products of float32 probabilities: the engine reads the last layer at the asked
-# rows only, the oracle runs the whole model.
-TOLERANCE = 1e-5
+# Relative, on products of float32 probabilities: the engine reads the last layer at the asked
+# rows only, the oracle runs the whole model. Relative, as a three-piece word's score is small.
+RELATIVE = 1e-4
 FAMILIES = ("wordpiece", "roberta", "xlmr")
 # Wider than every prefix of the tiny models' words: nothing is cut but by the bound.
 WIDE = 10**6
+# The oracle reads third pieces for this many prefixes at a time, checking the bound between.
+PREFIX_CHUNK = 64
 
 
 def search(engine: FillMaskEngine, text: str, *, top_k: int, beam: int, mask: int = 0, pieces: int = 3) -> list[Word]:
@@ -79,34 +85,97 @@ def filled(before: list[int], after: list[int], prefixes: torch.Tensor, masks: i
     return torch.cat(parts, dim=1)
 
 
+class Oracle:
+    """The chain rule at one mask of one text: every word of one and two pieces scored, the third
+    piece of a three-piece word read on demand (per two-piece prefix, kept once read)."""
+
+    def __init__(self, folder: Path, ids: tuple[int, ...], position: int, mask_id: int) -> None:
+        tokenizer, self.model = hf(folder)
+        self.before, self.after, self.mask_id = list(ids[:position]), list(ids[position + 1 :]), mask_id
+        self.position = position
+        size = self.model.config.vocab_size
+        # No special token anywhere in a word: its factor is 0.
+        self.allowed = torch.ones(size)
+        self.allowed[tokenizer.all_special_ids] = 0.0
+        none = torch.zeros((1, 0), dtype=torch.long)
+        ones = torch.arange(size)[:, None]
+        self.one = self.read(none, 1, 0)[0] * self.allowed
+        self.two = self.read(none, 2, 0)[0][:, None] * self.read(ones, 1, 1) * self.allowed * self.allowed[:, None]
+        # P(first two pieces of a three-piece word): bounds each of its completions.
+        self.prefix3 = self.read(none, 3, 0)[0][:, None] * self.read(ones, 2, 1) * self.allowed * self.allowed[:, None]
+        self.thirds: dict[tuple[int, int], torch.Tensor] = {}
+
+    def read(self, prefixes: torch.Tensor, masks: int, at: int) -> torch.Tensor:
+        rows = filled(self.before, self.after, prefixes, masks, self.mask_id)
+        return probabilities(self.model, rows, self.position + at)
+
+    def third(self, prefixes: list[tuple[int, int]]) -> torch.Tensor:
+        """The three-piece words under each prefix, scored: one row per prefix."""
+        new = [p for p in prefixes if p not in self.thirds]
+        if new:
+            for p, row in zip(new, self.read(torch.tensor(new), 1, 2)):
+                self.thirds[p] = row * self.allowed
+        return torch.stack([self.prefix3[p] * self.thirds[p] for p in prefixes])
+
+    def score(self, word: tuple[int, ...]) -> float:
+        if len(word) == 3:
+            return float(self.third([word[:2]])[0][word[2]])
+        return float((self.one, self.two)[len(word) - 1][word])
+
+    def top(self, top_k: int, is_words: Any) -> list[Word]:
+        """The ``top_k`` most probable whole words of 1..3 pieces."""
+        flat = torch.cat([self.one, self.two.flatten()])
+        best = walk(flat, [(i,) for i in range(len(self.one))], top_k, is_words, self.two.shape[1])
+        floor = best[-1].score if len(best) == top_k else 0.0
+        bounds, order = self.prefix3.flatten().sort(descending=True)
+        size = self.prefix3.shape[1]
+        for start in range(0, len(order), PREFIX_CHUNK):
+            if float(bounds[start]) < floor or float(bounds[start]) == 0.0:
+                break  # this prefix and every later one bound their words below the k-th
+            chunk = [divmod(int(i), size) for i in order[start : start + PREFIX_CHUNK]]
+            words = self.third(chunk)
+            found = walk(words.flatten(), [], top_k, is_words, size, prefixes=chunk, floor=floor)
+            best = sorted(best + found, key=lambda w: w.score, reverse=True)[:top_k]
+            floor = best[-1].score if len(best) == top_k else 0.0
+        assert len(best) == top_k, "fewer whole words than top_k"
+        return best
+
+
+def walk(
+    flat: torch.Tensor,
+    ones: list[tuple[int, ...]],
+    top_k: int,
+    is_words: Any,
+    size: int,
+    *,
+    prefixes: list[tuple[int, int]] | None = None,
+    floor: float = 0.0,
+) -> list[Word]:
+    """The best ``top_k`` whole words of ``flat``, from the most probable down: the first
+    ``len(ones)`` entries are those one-piece words, the rest a grid of rows (a first piece, or a
+    two-piece prefix of ``prefixes``) by ``size`` last pieces. Entries at or below ``floor``
+    cannot enter the answer and are not walked."""
+    values, indices = flat.sort(descending=True)
+    found: list[Word] = []
+    for start in range(0, len(values), 512):
+        chunk = [(float(v), int(i)) for v, i in zip(values[start : start + 512], indices[start : start + 512])]
+        chunk = [(v, i) for v, i in chunk if v > floor]
+        words: list[Word] = []
+        for value, index in chunk:
+            if index < len(ones):
+                words.append(Word(value, ones[index]))
+            else:
+                row, last = divmod(index - len(ones), size)
+                words.append(Word(value, (*prefixes[row], last) if prefixes is not None else (row, last)))
+        found.extend(w for w, ok in zip(words, is_words([w.pieces for w in words])) if ok)
+        if len(found) >= top_k or len(chunk) < 512:
+            break
+    return found[:top_k]
+
+
 @functools.cache
-def chain_rule(folder: Path, ids: tuple[int, ...], position: int, mask_id: int) -> tuple[torch.Tensor, ...]:
-    """Every sequence of 1, 2 and 3 pieces at ``position``, scored by the chain rule: one tensor
-    per length (index = the pieces), special tokens scored 0."""
-    tokenizer, model = hf(folder)
-    before, after, m = list(ids[:position]), list(ids[position + 1 :]), mask_id
-    size = model.config.vocab_size
-    special = torch.zeros(size, dtype=torch.bool)
-    special[tokenizer.all_special_ids] = True
-    none = torch.zeros((1, 0), dtype=torch.long)
-    ones = torch.arange(size)[:, None]
-    twos = torch.cartesian_prod(torch.arange(size), torch.arange(size))
-    p1 = probabilities(model, filled(before, after, none, 1, m), position)[0]
-    first = probabilities(model, filled(before, after, none, 2, m), position)[0]
-    second = probabilities(model, filled(before, after, ones, 1, m), position + 1)
-    two = first[:, None] * second
-    first = probabilities(model, filled(before, after, none, 3, m), position)[0]
-    second = probabilities(model, filled(before, after, ones, 2, m), position + 1)
-    third = probabilities(model, filled(before, after, twos, 1, m), position + 2).view(size, size, size)
-    three = first[:, None, None] * second[:, :, None] * third
-    grids = []
-    for length, grid in enumerate((p1, two, three), start=1):
-        for axis in range(length):  # no special token anywhere in a word
-            index: list[Any] = [slice(None)] * length
-            index[axis] = special
-            grid[tuple(index)] = 0.0
-        grids.append(grid)
-    return tuple(grids)
+def oracle_at(folder: Path, ids: tuple[int, ...], position: int, mask_id: int) -> Oracle:
+    return Oracle(folder, ids, position, mask_id)
 
 
 def mask_at(engine: FillMaskEngine, text: str, mask: int) -> tuple[tuple[int, ...], int]:
@@ -114,68 +183,70 @@ def mask_at(engine: FillMaskEngine, text: str, mask: int) -> tuple[tuple[int, ..
     return ids, [i for i, t in enumerate(ids) if t == engine.mask_token_id][mask]
 
 
-def oracle_score(folder: Path, engine: FillMaskEngine, text: str, word: tuple[int, ...], mask: int = 0) -> float:
+def oracle_for(folder: Path, engine: FillMaskEngine, text: str, mask: int = 0) -> Oracle:
     ids, position = mask_at(engine, text, mask)
-    return float(chain_rule(folder, ids, position, engine.mask_token_id)[len(word) - 1][word])
+    return oracle_at(folder, tuple(ids), position, engine.mask_token_id)
 
 
 def oracle(folder: Path, engine: FillMaskEngine, text: str, top_k: int, mask: int = 0) -> list[Word]:
-    ids, position = mask_at(engine, text, mask)
-    candidates: list[Word] = []
-    for grid in chain_rule(folder, ids, position, engine.mask_token_id):
-        flat = grid.flatten()
-        values, indices = flat.topk(min(20000, flat.numel()))
-        for value, index in zip(values.tolist(), indices.tolist()):
-            word = tuple(int(i) for i in torch.unravel_index(torch.tensor(index), grid.shape))
-            candidates.append(Word(value, word))
-    candidates.sort(key=lambda w: w.score, reverse=True)
-    found: list[Word] = []
-    for start in range(0, len(candidates), 512):
-        chunk = candidates[start : start + 512]
-        found.extend(w for w, ok in zip(chunk, engine.whole_words([w.pieces for w in chunk])) if ok)
-        if len(found) >= top_k:
-            break
-    assert len(found) >= top_k, "the oracle's walk ended before top_k words"
-    return found[:top_k]
+    return oracle_for(folder, engine, text, mask).top(top_k, engine.whole_words)
 
 
 def assert_same_words(got: list[Word], expected: list[Word]) -> None:
     assert len(got) == len(expected)
     for g, e in zip(got, expected):
-        assert g.score == pytest.approx(e.score, abs=TOLERANCE)
+        assert g.score == pytest.approx(e.score, rel=RELATIVE)
     # The same words; two whose scores tie within the tolerance may come in either order.
     assert {w.pieces for w in got} == {w.pieces for w in expected} or all(
-        abs(g.score - e.score) <= TOLERANCE for g, e in zip(got, expected) if g.pieces != e.pieces
+        g.score == pytest.approx(e.score, rel=RELATIVE) for g, e in zip(got, expected) if g.pieces != e.pieces
     )
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("many", [False, True], ids=["top5", "past-one-piece-words"])
-def test_a_wide_beam_finds_exactly_the_oracles_top_words(
-    family: str, many: bool, request: pytest.FixtureRequest
-) -> None:
-    folder: Path = request.getfixturevalue(f"{family}_dir")
-    engine: FillMaskEngine = request.getfixturevalue(f"{family}_engine")
-    # Past every one-piece word, so that words of two and three pieces must be ranked in.
-    top_k = len(engine.word_pieces().starts) + 30 if many else 5
-    text = f"the {engine.mask_token} sat on the house ."
-    got = search(engine, text, top_k=top_k, beam=WIDE)
-    expected = oracle(folder, engine, text, top_k)
-    assert_same_words(got, expected)
-    if many:
-        assert max(len(w.pieces) for w in expected) > 1, "the answer holds words of several pieces"
+# Words whose pieces the boosted models favour (each family keeps those it splits into three).
+BOOSTED_WORDS = ("catings", "kingers", "fishings", "doggers", "dogcat", "greencat", "redcat")
+# Past every one- and two-piece word of the boosted pieces, so that three-piece words rank in.
+MANY = 60
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_the_default_beam_scores_every_word_it_returns_exactly(family: str, request: pytest.FixtureRequest) -> None:
-    folder: Path = request.getfixturevalue(f"{family}_dir")
-    engine: FillMaskEngine = request.getfixturevalue(f"{family}_engine")
+def boosted(folder: Path, into: Path) -> Path:
+    """The family's tiny model with the pieces of a few three-piece words made likely at every
+    position (their output bias raised), so that words of three pieces reach the top few: with
+    random weights alone they rank below thousands of shorter ones."""
+    tokenizer, model = AutoTokenizer.from_pretrained(str(folder)), AutoModelForMaskedLM.from_pretrained(str(folder))
+    split = [tokenizer(" " + w, add_special_tokens=False)["input_ids"] for w in BOOSTED_WORDS]
+    ids = sorted({piece for pieces in split if len(pieces) == 3 for piece in pieces})
+    assert ids, "no three-piece word to boost"
+    with torch.no_grad():
+        model.get_output_embeddings().bias[ids] += 6.0
+    model.save_pretrained(into)
+    tokenizer.save_pretrained(into)
+    return into
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def boosted_model(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, FillMaskEngine]:
+    family = request.param
+    folder = boosted(request.getfixturevalue(f"{family}_dir"), tmp_path_factory.mktemp(f"boosted-{family}"))
+    return folder, load_engine(str(folder), threads=1)
+
+
+def test_a_wide_beam_finds_exactly_the_oracles_top_words(boosted_model: tuple[Path, FillMaskEngine]) -> None:
+    folder, engine = boosted_model
     text = f"the {engine.mask_token} sat on the house ."
-    top_k = len(engine.word_pieces().starts) + 30
-    got = search(engine, text, top_k=top_k, beam=DEFAULT_WORD_BEAM)
-    assert max(len(w.pieces) for w in got) > 1
+    expected = oracle(folder, engine, text, MANY)
+    assert {len(w.pieces) for w in expected} == {1, 2, 3}, "the answer holds words of every length"
+    assert_same_words(search(engine, text, top_k=MANY, beam=WIDE), expected)
+
+
+def test_the_default_beam_scores_every_word_it_returns_exactly(boosted_model: tuple[Path, FillMaskEngine]) -> None:
+    folder, engine = boosted_model
+    text = f"the {engine.mask_token} sat on the house ."
+    got = search(engine, text, top_k=MANY, beam=DEFAULT_WORD_BEAM)
+    assert {len(w.pieces) for w in got} == {1, 2, 3}
     for word in got:
-        assert word.score == pytest.approx(oracle_score(folder, engine, text, word.pieces), abs=TOLERANCE)
+        assert word.score == pytest.approx(oracle_for(folder, engine, text).score(word.pieces), rel=RELATIVE)
     assert engine.whole_words([w.pieces for w in got]) == [True] * len(got)
 
 
@@ -204,14 +275,14 @@ def test_the_second_of_two_masks_side_by_side_is_searched_with_the_first_masked(
     assert_same_words(got, oracle(wordpiece_dir, wordpiece_engine, text, 5, mask=1))
 
 
-@pytest.mark.parametrize("family", FAMILIES)
 def test_a_words_score_equals_its_targets_score_and_a_one_piece_words_the_plain_fills(
-    family: str, request: pytest.FixtureRequest
+    boosted_model: tuple[Path, FillMaskEngine],
 ) -> None:
-    engine: FillMaskEngine = request.getfixturevalue(f"{family}_engine")
+    _, engine = boosted_model
     text = f"the {engine.mask_token} sat on the house ."
     ids, position = mask_at(engine, text, 0)
-    got = search(engine, text, top_k=len(engine.word_pieces().starts) + 30, beam=DEFAULT_WORD_BEAM)
+    got = search(engine, text, top_k=MANY, beam=DEFAULT_WORD_BEAM)
+    assert {len(w.pieces) for w in got} == {1, 2, 3}
     plain = {p["token"]: p["score"] for p in engine.predict([Query(ids, top_k=10**6)])[0][0]}
     for word in got:
         copies = word_copies(ids, engine.mask_token_id, position, word.pieces)
