@@ -51,7 +51,7 @@ from maskserve.tasks.word_search import (
     MAX_WORD_BEAM,
     MAX_WORD_PIECES,
 )
-from maskserve.tasks.word_search_plan import WordSearchPlan, plan_search
+from maskserve.tasks.word_search_plan import SearchSize, WordSearchPlan, plan_search
 
 # A whole word's "tokens" list in JSON: the key and brackets, then per id its digits and ", ",
 # each within this many bytes (ids run to a few hundred thousand).
@@ -241,7 +241,10 @@ class RequestParser(BodyParser[FillMaskRequest]):
         places = [f"{request.location}[{index}]" if many else None for index in range(len(request.texts))]
         queries = [self._query(text, place, request, None, model) for text, place in zip(request.texts, places)]
         fields = [place or request.location for place in places]
-        return plan_search(queries, fields, model, request.max_word_pieces, request.word_beam, self.settings.max_queue)
+        size = SearchSize(request.max_word_pieces, request.word_beam, self.settings.max_queue)
+        return plan_search(
+            queries, fields, model, size, request.long_text, lambda index: model.encode_words(request.texts[index])[1]
+        )
 
     def _targets(self, request: FillMaskRequest, model: FillMaskModel) -> Targets | None:
         if request.targets is None:

@@ -15,7 +15,7 @@ vocabulary, nothing else is dropped, and the answer is exact. Pure arithmetic: n
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from maskserve.model_api import Query, TextPredictions, WordPieces
@@ -62,8 +62,10 @@ class MaskSearch:
     """One mask's search, round by round: :meth:`queries` are the round's rows, :meth:`advance`
     takes their answers; once :attr:`done`, :attr:`words` holds the top ``top_k`` by score.
 
-    ``input_ids`` is the text the mask is read in (the text, or its window), ``position`` the
-    mask's place in it; the text's other masks stay masked.
+    ``input_ids`` is the text the mask is read in, ``position`` the mask's place in it; the text's
+    other masks stay masked. A text too long for the model is read in windows, one per word length
+    (``reads``: for each length, the window's ids and the mask's place in it), as whole-word
+    targets of that length are, so that a word scores as it does as a target.
     """
 
     def __init__(
@@ -77,9 +79,14 @@ class MaskSearch:
         beam: int,
         pieces: WordPieces,
         is_words: IsWords,
+        reads: Mapping[int, tuple[Sequence[int], int]] | None = None,
     ) -> None:
-        self.before, self.after = tuple(input_ids[:position]), tuple(input_ids[position + 1 :])
-        self.position = position
+        own = (input_ids, position)
+        # Per word length: the tokens before the mask, after it, and the mask's place.
+        self._around: dict[int, tuple[tuple[int, ...], tuple[int, ...], int]] = {}
+        for length in range(1, max_pieces + 1):
+            ids, place = (reads or {}).get(length, own)
+            self._around[length] = (tuple(ids[:place]), tuple(ids[place + 1 :]), place)
         self.mask_token_id = mask_token_id
         self.top_k, self.beam = top_k, beam
         self.pieces = pieces
@@ -93,6 +100,11 @@ class MaskSearch:
     def done(self) -> bool:
         return not self._open
 
+    @property
+    def longest_row(self) -> int:
+        """The most tokens one of its rows can take: a word's pieces in place of the mask."""
+        return max(len(before) + length + len(after) for length, (before, after, _) in self._around.items())
+
     def queries(self) -> list[Query]:
         """This round's rows: per open prefix, the text with the prefix in place and the rest of
         its word masked, read at the next piece, answered with the best next pieces of their class."""
@@ -102,14 +114,15 @@ class MaskSearch:
 
     def _query(self, open_: _Open, targets: tuple[int, ...]) -> Query:
         rest = open_.length - len(open_.prefix)
+        before, after, position = self._around[open_.length]
         # A last piece completes words: enough of them for the answer, whatever the beam.
         top_k = max(self.beam, self.top_k) if rest == 1 else self.beam
         return Query(
-            input_ids=(*self.before, *open_.prefix, *([self.mask_token_id] * rest), *self.after),
+            input_ids=(*before, *open_.prefix, *([self.mask_token_id] * rest), *after),
             top_k=top_k,
             target_ids=targets,
             n_masks=1,
-            answer_positions=(self.position + len(open_.prefix),),
+            answer_positions=(position + len(open_.prefix),),
             # Only the probabilities are read, here: no sequence to decode, no JSON to build.
             read_by_server=True,
         )

@@ -10,15 +10,24 @@ requests). Admission prices the request once, by the rows all its rounds can nee
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from maskserve.errors import InvalidInput, TextTooLong
 from maskserve.model_api import FillMaskModel, Prediction, Query, TextPredictions, text_answer_json
 from maskserve.serving.costs import Work
 from maskserve.serving.work_queue import Answer, slowest
-from maskserve.tasks.windows import Layout, fits
+from maskserve.tasks.windows import Layout, LongText, fits, windows
 from maskserve.tasks.word_search import MaskSearch, rows_bound
+
+
+@dataclass(frozen=True)
+class SearchSize:
+    """How large a request's searches may grow: pieces a word, prefixes a length, rows queued."""
+
+    max_pieces: int
+    beam: int
+    max_queue: int
 
 
 @dataclass(frozen=True)
@@ -28,6 +37,8 @@ class TextSearch:
     query: Query
     positions: tuple[int, ...]
     searches: tuple[MaskSearch, ...]
+    # How many windows the text is read in: 1 when the model reads it whole.
+    windows: int = 1
 
 
 class WordSearchPlan:
@@ -42,18 +53,18 @@ class WordSearchPlan:
 
     @property
     def windows(self) -> tuple[int, ...]:
-        return tuple(1 for _ in self.texts)
+        return tuple(text.windows for text in self.texts)
 
     @property
     def bound(self) -> Work:
         """What all the rounds can cost together: each mask's most rows, each the text grown by
-        the longest word's pieces (the admission's price, fixed before any work)."""
+        the longest word's pieces, or its window so grown (the admission's price, fixed before any
+        work)."""
         rows = rows_bound(self.max_pieces, self.beam)
         texts = tokens = 0
         for text in self.texts:
-            masks = len(text.positions)
-            texts += masks * rows
-            tokens += masks * rows * (text.query.n_tokens + self.max_pieces - 1)
+            texts += len(text.searches) * rows
+            tokens += sum(rows * search.longest_row for search in text.searches)
         return Work(texts=texts, tokens=tokens, predictions=texts * max(self.beam, self.texts[0].query.top_k))
 
     def _round(self) -> tuple[Query, ...]:
@@ -121,22 +132,52 @@ def search_answers(plan: WordSearchPlan, answers: Sequence[Answer], model: FillM
 
 
 def plan_search(
-    queries: Sequence[Query], fields: Sequence[str], model: FillMaskModel, pieces: int, beam: int, max_queue: int
+    queries: Sequence[Query],
+    fields: Sequence[str],
+    model: FillMaskModel,
+    search: SearchSize,
+    long_text: LongText,
+    words_of: Callable[[int], Sequence[int | None]],
 ) -> WordSearchPlan:
-    """Each text's (its query's) searches, one per mask, checked: every copy (the text grown by
-    the longest word's pieces) must fit the model whole, and all the rounds' rows the queue."""
+    """Each text's (its query's) searches, one per mask, checked: a copy (the text grown by a
+    word's pieces) the model cannot read whole is read in windows (unless ``long_text`` refuses),
+    and all the rounds' rows must fit the queue. ``words_of(i)`` gives text i's words, asked only
+    for a text read in windows (a second pass of the tokenizer)."""
     layout = Layout.of(model)
+    pieces = search.max_pieces
+    longest = layout.inner // 2 + 1
+    if pieces > longest:
+        raise InvalidInput(
+            f"parameters.max_word_pieces is {pieces}; this model reads {layout.length} tokens, so a word may take "
+            f"at most {longest} (half of them, so that its copies keep some text)",
+            field="parameters.max_word_pieces",
+        )
     classes = model.word_pieces()
     texts: list[TextSearch] = []
-    for query, field in zip(queries, fields, strict=True):
-        if not fits(query.n_tokens + pieces - 1, layout):
-            raise TextTooLong(
-                f"{field} has {query.n_tokens} tokens; with a word of {pieces} pieces in place of a mask it would "
-                f"have more than the {layout.length} this model reads, and whole words are not searched in "
-                "windows: send a shorter text or a smaller parameters.max_word_pieces",
-                field=field,
-            )
+    for index, (query, field) in enumerate(zip(queries, fields, strict=True)):
         positions = tuple(i for i, token in enumerate(query.input_ids) if token == model.mask_token_id)
+        reads: dict[int, dict[int, tuple[Sequence[int], int]]] = {position: {} for position in positions}
+        cut: set[tuple[int, int]] = set()
+        if not fits(query.n_tokens + pieces - 1, layout):
+            if long_text == "refuse":
+                raise TextTooLong(
+                    f"{field} has {query.n_tokens} tokens; with a word of {pieces} pieces in place of a mask it "
+                    f"would have more than the {layout.length} this model reads, and parameters.long_text "
+                    '"refuse" asks not to read it in windows',
+                    field=field,
+                )
+            word_ids = words_of(index)
+            # Per word length, as whole-word targets are read: windows narrower by the word's
+            # extra pieces, around every mask, so a word scores as it does as a target.
+            for length in range(1, pieces + 1):
+                if fits(query.n_tokens + length - 1, layout):
+                    continue
+                narrow = layout.narrower(length - 1)
+                for window in windows(word_ids, [(p, p) for p in positions], narrow):
+                    cut.add((window.start, window.end))
+                    ids = window.ids(query.input_ids, narrow)
+                    for first, _ in window.asked:
+                        reads[first][length] = (ids, window.local(first, narrow))
         searches = tuple(
             MaskSearch(
                 query.input_ids,
@@ -144,19 +185,20 @@ def plan_search(
                 model.mask_token_id,
                 top_k=query.top_k,
                 max_pieces=pieces,
-                beam=beam,
+                beam=search.beam,
                 pieces=classes,
                 is_words=model.whole_words,
+                reads=reads[position],
             )
             for position in positions
         )
-        texts.append(TextSearch(query, positions, searches))
-    plan = WordSearchPlan(texts, pieces, beam)
-    rows = plan.bound.texts
-    if rows > max_queue:
+        texts.append(TextSearch(query, positions, searches, windows=max(1, len(cut))))
+    plan = WordSearchPlan(texts, pieces, search.beam)
+    rows, per_mask = plan.bound.texts, rows_bound(pieces, search.beam)
+    if rows > search.max_queue:
         raise InvalidInput(
-            f"this request's whole-word search can queue {rows} copies of its texts ({rows_bound(pieces, beam)} a "
-            f"mask over its rounds); the queue holds {max_queue} (--max-queue): send fewer masks, or a smaller "
+            f"this request's whole-word search can queue {rows} copies of its texts ({per_mask} a "
+            f"mask over its rounds); the queue holds {search.max_queue} (--max-queue): send fewer masks, or a smaller "
             "parameters.word_beam or max_word_pieces",
             field="parameters.word_beam",
         )

@@ -103,14 +103,64 @@ async def test_a_search_past_the_queue_is_refused_before_any_work(make_client: C
     assert response.status == 422 and "word_beam" in await response.text()
 
 
-async def test_a_text_whose_copies_do_not_fit_the_model_is_refused(
+LONG_TAIL = "the cat sat . " * 40
+
+
+@pytest.mark.parametrize("model", ["wordpiece", "roberta"])
+async def test_a_text_longer_than_the_model_reads_is_searched_in_windows_scored_as_its_targets(
+    make_client: ClientFactory, model: str, request: pytest.FixtureRequest
+) -> None:
+    engine: FillMaskEngine = request.getfixturevalue(f"{model}_engine")
+    client = await make_client(engine=engine, max_top_k=1000)
+    mask = engine.mask_token
+    # A mask at each end, far apart: each is read in a window of its own.
+    text = f"the {mask} sat on the house . {LONG_TAIL}the {mask} ran home ."
+    assert len(engine.encode(text)) > engine.max_tokens
+    top_k = len(engine.word_pieces().starts) + 5
+    answer = await post(client, {"inputs": text, "parameters": {"whole_words": True, "top_k": top_k}})
+    assert len(answer) == 2 and all(len(words) == top_k for words in answer)
+    several = [[p for p in words if len(p["tokens"]) > 1] for words in answer]
+    assert all(several), "past every one-piece word, words of several pieces are ranked in"
+    # Each word scores as it does as a target of the same text: read in the same windows.
+    names = [several[0][0]["token_str"], several[1][0]["token_str"], answer[0][0]["token_str"]]
+    targeted = await post(client, {"inputs": text, "parameters": {"targets": names, "top_k": 3}})
+    matched = []
+    for words, targets in zip(answer, targeted, strict=True):
+        found = {tuple(p["tokens"]): p for p in words}
+        both = [(found[key], t) for t in targets if (key := tuple(t.get("tokens", [t["token"]]))) in found]
+        for word, target in both:
+            assert word["score"] == pytest.approx(target["score"], rel=1e-5)
+            assert word["sequence"] == target["sequence"]
+        matched.append(len(both))
+    # The first mask's own two words, the second's one.
+    assert matched[0] >= 2 and matched[1] >= 1
+    # A one-piece word's score is the plain fill's, which reads the same windows.
+    plain = await post(client, {"inputs": text, "parameters": {"top_k": len(engine.tokenizer)}})
+    for words, fills in zip(answer, plain, strict=True):
+        by_token = {p["token"]: p["score"] for p in fills}
+        singles = [p for p in words if len(p["tokens"]) == 1]
+        assert singles
+        for prediction in singles:
+            assert prediction["score"] == pytest.approx(by_token[prediction["token"]], rel=1e-5)
+
+
+async def test_a_long_text_asked_not_to_be_windowed_is_refused_naming_long_text(
     make_client: ClientFactory, wordpiece_engine: FillMaskEngine
 ) -> None:
     client = await make_client(engine=wordpiece_engine)
-    text = "the [MASK] sat on the house . " + "the cat sat . " * 40
+    # The text fits the model; with a word of three pieces in place of its mask, it would not.
+    tail = LONG_TAIL
+    while len(wordpiece_engine.encode("the [MASK] sat . " + tail)) + 2 <= wordpiece_engine.max_tokens:
+        tail += "the cat sat . "
+    text = "the [MASK] sat . " + tail
+    while len(wordpiece_engine.encode(text)) > wordpiece_engine.max_tokens:
+        text = text[: text.rindex(" the cat")] + " ."
     assert len(wordpiece_engine.encode(text)) + 2 > wordpiece_engine.max_tokens
-    response = await client.post("/", json={"inputs": text, "parameters": {"whole_words": True}})
-    assert response.status == 422 and "max_word_pieces" in await response.text()
+    parameters = {"whole_words": True, "long_text": "refuse"}
+    response = await client.post("/", json={"inputs": text, "parameters": parameters})
+    assert response.status == 422 and "long_text" in await response.text()
+    windowed = await client.post("/", json={"inputs": text, "parameters": {"whole_words": True}})
+    assert windowed.status == 200, await windowed.text()
 
 
 async def test_the_rounds_run_through_the_batcher_and_are_admitted_once_on_their_bound(
