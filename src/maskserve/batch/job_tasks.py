@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from maskserve.config.settings import Settings
-from maskserve.errors import InvalidInput
 from maskserve.model_api import FillMaskModel, Query, TextPredictions, text_answer_json
 from maskserve.serving.work_queue import Answer
 from maskserve.tasks.fill_mask import FillMask
@@ -55,9 +54,6 @@ class FillMaskJob:
 
     def plan(self, text: str, parameters: dict[str, Any], model: FillMaskModel) -> tuple[Any, Plan]:
         request = self.parser.parse_document(document(text, parameters))
-        if request.whole_words:
-            # A search runs in rounds, each known only from the last's answers: a job packs its rows once.
-            raise InvalidInput("parameters.whole_words is not available in batch jobs", field="parameters.whole_words")
         return request, self.task.plan(request, model)
 
     def result(self, request: Any, plan: Plan, answers: Sequence[Answer], model: FillMaskModel) -> Any:

@@ -3,8 +3,9 @@
 Planning a slice tokenizes each row once (the task's own parser and plan, with the server's limits),
 gives a row the API would refuse its error, deduplicates the slice's queries (a text sent twice, or
 two scoring copies alike, run once) and packs them by length into batches within the batcher's
-limits (offline defaults where they are not set). Folding turns each row's answers into the API's
-answer, or an error row.
+limits (offline defaults where they are not set). Rows answered in rounds (a whole-word search)
+move through their later rounds together once the slice's first passes are done. Folding turns
+each row's answers into the API's answer, or an error row.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from maskserve.batch.job_tasks import JobTask, answer_of
 from maskserve.config.settings import Settings
 from maskserve.errors import InferenceFailed, InvalidInput, MaskserveError
 from maskserve.model_api import FillMaskModel, Query, TextPredictions
-from maskserve.tasks.task import Plan
+from maskserve.tasks.task import Plan, Rounds
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,8 @@ class PlannedSlice:
     rows: list[PlannedRow]
     queries: list[Query]
     batches: list[list[int]]
+    # The limits its batches were packed in, for the rows answered in rounds (a whole-word search).
+    packing: Packing
 
 
 def error_row(error: MaskserveError) -> dict[str, Any]:
@@ -120,7 +123,7 @@ def plan_slice(
                     queries.append(query)
                 entry.queries.append(place)
         planned.append(entry)
-    return PlannedSlice(number, planned, queries, pack(queries, packing))
+    return PlannedSlice(number, planned, queries, pack(queries, packing), packing)
 
 
 def pack(queries: Sequence[Query], packing: Packing) -> list[list[int]]:
@@ -163,19 +166,56 @@ Outcome = TextPredictions | Exception
 
 
 def run_batches(model: FillMaskModel, planned: PlannedSlice) -> list[Outcome]:
-    """Every query of the slice answered, batch by batch. A batch that fails is run again a query
-    at a time, so one query the engine cannot answer fails alone and its neighbours are answered."""
-    outcomes: list[Outcome | None] = [None] * len(planned.queries)
-    for batch in planned.batches:
+    """Every query of the slice answered, batch by batch, then the rounds of its rows that are
+    answered in rounds (:func:`run_rounds`)."""
+    outcomes = answer_batches(model, planned.queries, planned.batches)
+    run_rounds(model, planned, outcomes)
+    return outcomes
+
+
+def answer_batches(model: FillMaskModel, queries: Sequence[Query], batches: Sequence[list[int]]) -> list[Outcome]:
+    """Every query answered, batch by batch. A batch that fails is run again a query at a time, so
+    one query the engine cannot answer fails alone and its neighbours are answered."""
+    outcomes: list[Outcome | None] = [None] * len(queries)
+    for batch in batches:
         try:
-            answered: list[Outcome] = list(model.predict([planned.queries[i] for i in batch]))
+            answered: list[Outcome] = list(model.predict([queries[i] for i in batch]))
         except Exception:  # noqa: BLE001  # any failure of the pass: each query retried alone
-            answered = [_alone(model, planned.queries[i]) for i in batch]
+            answered = [_alone(model, queries[i]) for i in batch]
         for index, outcome in zip(batch, answered, strict=True):
             outcomes[index] = outcome
     if any(outcome is None for outcome in outcomes):
         raise RuntimeError("a query of the slice was in no batch; this is a bug")
     return [outcome for outcome in outcomes if outcome is not None]
+
+
+def run_rounds(model: FillMaskModel, planned: PlannedSlice, outcomes: Sequence[Outcome]) -> None:
+    """Move every row answered in rounds (its plan a :class:`Rounds`) through its later rounds,
+    all the slice's such rows in step: each round's rows packed together and answered, until every
+    plan is done. A row whose round fails gets the error a failed query gives."""
+    waiting: list[tuple[PlannedRow, Rounds, list[Query], list[Outcome]]] = []
+    for entry in planned.rows:
+        plan: object = entry.plan  # a task's plan, which may also be answered in rounds
+        if isinstance(plan, Rounds) and entry.error is None:
+            own = [planned.queries[i] for i in entry.queries]
+            waiting.append((entry, plan, own, [outcomes[i] for i in entry.queries]))
+    while waiting:
+        queries: list[Query] = []
+        asked: list[tuple[PlannedRow, Rounds, int]] = []
+        for entry, rounds, last, answered in waiting:
+            answers = [answer_of(q, o, len(last)) for q, o in zip(last, answered) if not isinstance(o, Exception)]
+            if len(answers) < len(last):
+                entry.error = error_row(InferenceFailed("inference failed"))
+                continue
+            following = rounds.next_round(answers)
+            if following:
+                asked.append((entry, rounds, len(following)))
+                queries.extend(following)
+        outcomes = answer_batches(model, queries, pack(queries, planned.packing))
+        waiting, start = [], 0
+        for entry, rounds, count in asked:
+            waiting.append((entry, rounds, queries[start : start + count], list(outcomes[start : start + count])))
+            start += count
 
 
 def _alone(model: FillMaskModel, query: Query) -> Outcome:

@@ -28,6 +28,8 @@ FILL_ROWS: list[dict[str, Any]] = [
     {"id": "two masks", "text": "the [MASK] sat on the [MASK]."},
     {"id": "again", "text": "paris is the [MASK] of france."},
     {"id": "long", "text": LONG},
+    {"id": "whole words", "text": "the [MASK] sat on the mat.", "parameters": {"whole_words": True, "top_k": 3}},
+    {"id": "whole words, long", "text": LONG, "parameters": {"whole_words": True, "max_word_pieces": 2}},
     {"id": "no mask", "text": "no mask here."},
     {"id": "bad top_k", "text": "the [MASK].", "parameters": {"top_k": "many"}},
     {"id": "no text", "parameters": {"top_k": 2}},

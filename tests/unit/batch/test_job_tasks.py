@@ -11,6 +11,7 @@ from maskserve.config.settings import Settings
 from maskserve.engine import FillMaskEngine
 from maskserve.errors import InvalidInput, NoMaskToken
 from maskserve.tasks.fill_mask_request import RequestParser
+from maskserve.tasks.task import Rounds
 
 
 def run(name: str, text: str, parameters: dict[str, object], engine: FillMaskEngine) -> object:
@@ -53,7 +54,8 @@ def test_a_copy_the_server_reads_itself_is_not_encoded(bert_engine: FillMaskEngi
     assert copy.read_by_server and answer_of(copy, bert_engine.predict([copy])[0], 1).json == b""
 
 
-def test_a_whole_word_search_is_refused_in_a_job_naming_the_parameter(bert_engine: FillMaskEngine) -> None:
+def test_a_whole_word_row_is_planned_in_rounds_its_first_one_per_word_length(bert_engine: FillMaskEngine) -> None:
     task = job_task("fill-mask", Settings())
-    with pytest.raises(InvalidInput, match="whole_words"):
-        task.plan("the [MASK] sat.", {"whole_words": True}, bert_engine)
+    _, plan = task.plan("the [MASK] sat.", {"whole_words": True, "max_word_pieces": 2}, bert_engine)
+    assert isinstance(plan, Rounds)
+    assert len(plan.queries) == 2 and all(query.read_by_server for query in plan.queries)

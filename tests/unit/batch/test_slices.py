@@ -3,7 +3,7 @@ batcher's limits, and a query the engine cannot answer failing its own rows alon
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -52,17 +52,19 @@ def test_batches_are_sorted_by_length_within_the_batchers_limits(bert_engine: Fi
 
 
 class FailsOn:
-    """The engine, except that any pass holding ``poison`` raises."""
+    """The engine, except that any pass holding a query ``poisoned`` says is poisoned raises."""
 
-    def __init__(self, engine: FillMaskEngine, poison: Query) -> None:
-        self.engine, self.poison, self.passes = engine, poison, 0
+    def __init__(self, engine: FillMaskEngine, poisoned: Callable[[Query], bool]) -> None:
+        self.engine, self.poisoned, self.passes = engine, poisoned, 0
+        self.seen: list[Sequence[Query]] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
 
     def predict(self, queries: Sequence[Query], progress: Any = None) -> list[TextPredictions]:
         self.passes += 1
-        if self.poison in queries:
+        self.seen.append(queries)
+        if any(self.poisoned(query) for query in queries):
             raise RuntimeError("/secret/path: poisoned")
         return self.engine.predict(queries)
 
@@ -71,12 +73,46 @@ def test_a_query_the_engine_fails_on_fails_its_rows_alone(bert_engine: FillMaskE
     task = FillMaskJob(Settings())
     rows = [{"text": f"the {w} [MASK] sat."} for w in ("cat", "dog", "man")] + [{"text": "the dog [MASK] sat."}]
     planned = plan_slice(0, 0, rows, task, bert_engine, {}, Packing(32, 8192))
-    failing = FailsOn(bert_engine, planned.queries[1])
+    failing = FailsOn(bert_engine, lambda query: query == planned.queries[1])
     outcomes = run_batches(failing, planned)  # type: ignore[arg-type]
     assert failing.passes == 1 + 3  # the batch, then each query alone
     answered = fold_slice(planned, outcomes, task, bert_engine)
     assert answered[1]["error"] == answered[3]["error"] == {"type": "inference_failed", "message": "inference failed"}
     assert "result" in answered[0] and "result" in answered[2]
+
+
+def test_whole_word_rows_move_through_their_rounds_together_and_a_failed_round_fails_its_row_alone(
+    bert_engine: FillMaskEngine,
+) -> None:
+    task = FillMaskJob(Settings())
+    words = {"whole_words": True, "top_k": 2}
+    rows = [
+        {"text": "the cat [MASK] sat.", "parameters": words},
+        {"text": "the dog [MASK] sat.", "parameters": words},
+        {"text": "the man [MASK] sat."},
+    ]
+    planned = plan_slice(0, 0, rows, task, bert_engine, {}, Packing(512, 32768))
+    counting = FailsOn(bert_engine, lambda query: False)
+    answered = fold_slice(planned, run_batches(counting, planned), task, bert_engine)  # type: ignore[arg-type]
+    # The first pass, then one pass per later round (at most max_word_pieces in all), each
+    # holding both searches' rows together.
+    cat, dog = bert_engine.tokenizer.convert_tokens_to_ids(["cat", "dog"])
+    assert 2 <= counting.passes <= 3
+    for later_round in counting.seen[1:]:
+        assert any(cat in q.input_ids for q in later_round) and any(dog in q.input_ids for q in later_round)
+    for together, row in zip(answered[:2], rows[:2]):
+        single = plan_slice(0, 0, [row], task, bert_engine, {}, Packing(512, 32768))
+        (alone,) = fold_slice(single, run_batches(bert_engine, single), task, bert_engine)
+        assert [p["tokens"] for p in together["result"]] == [p["tokens"] for p in alone["result"]]
+        assert [p["score"] for p in together["result"]] == pytest.approx(
+            [p["score"] for p in alone["result"]], rel=1e-5
+        )
+    # The first row's later rounds fail (its text's "cat" in every copy): that row alone errs.
+    planned = plan_slice(0, 0, rows, task, bert_engine, {}, Packing(512, 32768))
+    later = FailsOn(bert_engine, lambda query: later.passes > 1 and cat in query.input_ids)
+    answered = fold_slice(planned, run_batches(later, planned), task, bert_engine)  # type: ignore[arg-type]
+    assert answered[0]["error"] == {"type": "inference_failed", "message": "inference failed"}
+    assert "result" in answered[1] and "result" in answered[2]
 
 
 def test_a_rows_parameters_override_the_jobs_key_by_key_and_may_be_json_text() -> None:
