@@ -144,11 +144,7 @@ class MaskSearch:
                         complete.append(Word(score, prefix))
                     else:
                         grown.setdefault(open_.length, []).append(_Open(open_.length, prefix, score))
-        valid = self.is_words([word.pieces for word in complete])
-        self.words.extend(word for word, ok in zip(complete, valid, strict=True) if ok)
-        # Stable: ties keep shorter words first, then the model's order.
-        self.words.sort(key=lambda word: word.score, reverse=True)
-        del self.words[self.top_k :]
+        self.words = self._best(complete)
         # A prefix bounds every completion of it: below the k-th word found, none can enter.
         floor = self.words[-1].score if len(self.words) == self.top_k else 0.0
         self._open = []
@@ -157,3 +153,23 @@ class MaskSearch:
             self._open.extend(o for o in kept if o.score >= floor)
         self._asked = []
         self.round += 1
+
+    def _best(self, complete: Sequence[Word]) -> list[Word]:
+        """The top ``top_k`` of the words kept so far and the whole words among ``complete``.
+
+        Checking a word (the tokenizer writes its text back) costs far more than the arithmetic, so
+        candidates are checked best first, ``top_k`` at a time, and only while one could still
+        enter: a candidate no better than the k-th word kept so far never would. The answer is the
+        one checking them all would give. Sorts are stable: ties keep shorter words (kept from
+        earlier rounds) first, then the model's order."""
+        candidates = sorted(complete, key=lambda word: word.score, reverse=True)
+        kept = list(self.words)
+        for start in range(0, len(candidates), self.top_k):
+            if len(kept) == self.top_k and candidates[start].score <= kept[-1].score:
+                break
+            chunk = candidates[start : start + self.top_k]
+            valid = self.is_words([word.pieces for word in chunk])
+            kept.extend(word for word, ok in zip(chunk, valid, strict=True) if ok)
+            kept.sort(key=lambda word: word.score, reverse=True)
+            del kept[self.top_k :]
+        return kept

@@ -14,6 +14,7 @@ wide enough to hold every prefix, must return exactly the oracle's words and sco
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -352,3 +353,40 @@ def test_prefixes_below_the_kth_word_are_dropped_and_the_rest_kept_to_the_beam()
     assert [q.input_ids for q in asked] == [(0, 1, 9, 0), (0, 1, 9, 9, 0)]
     found.advance(Scripted().predict(asked))
     assert found.words == [Word(0.6, (1,))] and found.done
+
+
+FLAT = (0.19, 0.18, 0.17, 0.16, 0.15, 0.14, 0.13, 0.12, 0.11, 0.10)
+
+
+def test_words_are_checked_best_first_only_while_one_could_enter_and_the_answer_is_unchanged() -> None:
+    checked: list[tuple[int, ...]] = []
+
+    def odd_words(words: Sequence[tuple[int, ...]]) -> list[bool]:
+        """Only words whose pieces sum to an odd number are whole words; every check recorded."""
+        checked.extend(words)
+        return [sum(word) % 2 == 1 for word in words]
+
+    class Flat:
+        """Ten candidates a row, of falling probability: 0.19, 0.18, ... 0.10."""
+
+        def predict(self, queries: list[Query]) -> list[TextPredictions]:
+            return [
+                [[{"score": FLAT[t - 1], "token": t, "token_str": "", "sequence": ""} for t in range(1, 11)]]
+                for _ in queries
+            ]
+
+    found = MaskSearch(
+        (0, 99, 0),
+        1,
+        99,
+        top_k=2,
+        max_pieces=1,
+        beam=10,
+        pieces=WordPieces(starts=tuple(range(1, 11)), continues=()),
+        is_words=odd_words,
+    )
+    found.advance(Flat().predict(found.queries()))
+    # The two best whole words: 1 (0.19) and 3 (0.17). Checked two at a time, best first, the
+    # checks stop once no candidate left could beat the second: 4 of the 10.
+    assert found.words == [Word(0.19, (1,)), Word(0.17, (3,))]
+    assert checked == [(1,), (2,), (3,), (4,)]
