@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -102,8 +103,28 @@ def answered_masks(queries: Sequence[Query], rows: np.ndarray, cols: np.ndarray)
     return (rows, cols) if keep.all() else (rows[keep], cols[keep])
 
 
-def _index_tensor(ids: tuple[int, ...]) -> torch.Tensor:
-    return torch.tensor(ids, dtype=torch.long)
+class IndexTensors:
+    """Each target list's index tensor, built once per list object.
+
+    A whole-word search sends every row the same long tuple of ids (a word class): hashing its
+    tens of thousands of ids for a cache key on every row cost more than the row's top-k. So the
+    key is the tuple's identity; each entry keeps its tuple, so that an identity is never reused
+    while its entry lives, and the oldest entry goes first past ``size``. Used on the inference
+    thread only."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._entries: OrderedDict[int, tuple[tuple[int, ...], torch.Tensor]] = OrderedDict()
+
+    def __call__(self, ids: tuple[int, ...]) -> torch.Tensor:
+        entry = self._entries.get(id(ids))
+        if entry is not None and entry[0] is ids:
+            return entry[1]
+        tensor = torch.tensor(ids, dtype=torch.long)
+        self._entries[id(ids)] = (ids, tensor)
+        while len(self._entries) > self._size:
+            self._entries.popitem(last=False)
+        return tensor
 
 
 class FillMaskEngine:
@@ -150,7 +171,10 @@ class FillMaskEngine:
         self._spliced = functools.lru_cache(maxsize=16)(self._splice)
         # A whole-word search asks every row for the same long list of ids (the word classes): its
         # index tensor is built once, not per row.
-        self._target_index = functools.lru_cache(maxsize=8)(_index_tensor)
+        self._target_index = IndexTensors(size=8)
+        # A single token's text, as the pipeline's token_str decodes it: a search's rows ask the
+        # same pieces again and again.
+        self._token_str = functools.lru_cache(maxsize=None)(self._decode_token)
         # Filled in by the loader, for /info and the load-time metric.
         self.source: str = name
         self.load_seconds: float | None = None
@@ -314,16 +338,18 @@ class FillMaskEngine:
     def _top_predictions(self, query: Query, probs: torch.Tensor) -> list[Prediction]:
         candidates = probs
         if query.target_ids is not None:
-            candidates = probs[self._target_index(query.target_ids)]
+            candidates = probs.index_select(0, self._target_index(query.target_ids))
         k = min(query.top_k, candidates.shape[0])
         values, indices = candidates.topk(k)
         predictions: list[Prediction] = []
         for value, index in zip(values.tolist(), indices.tolist()):
             token = query.target_ids[index] if query.target_ids is not None else index
-            predictions.append(
-                Prediction(score=value, token=token, token_str=self.tokenizer.decode([token]), sequence="")
-            )
+            predictions.append(Prediction(score=value, token=token, token_str=self._token_str(token), sequence=""))
         return predictions
+
+    def _decode_token(self, token: int) -> str:
+        text: str = self.tokenizer.decode([token])
+        return text
 
     def _fill_sequences(self, query: Query, position: int, predictions: list[Prediction], single_mask: bool) -> None:
         """Fill in ``sequence`` as the pipeline does: the text with this one candidate put in."""

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from maskserve.engine import FillMaskEngine
+from maskserve.engine.base import IndexTensors
 from maskserve.model_api import Query
 from tests.conftest import EngineOf
 
@@ -103,3 +104,17 @@ def test_the_head_runs_only_at_a_querys_answer_position(engine_of: EngineOf, mon
     assert [p["score"] for p in one[0]] == pytest.approx([p["score"] for p in every[1]], abs=1e-6)
     # Its sequence is written as for a text of several masks (special tokens kept), as before.
     assert one[0][0]["sequence"] == every[1][0]["sequence"]
+
+
+def test_a_target_lists_index_is_built_once_per_list_object_and_equal_lists_get_their_own() -> None:
+    indexes = IndexTensors(size=2)
+    starts = tuple(range(5, 30000))
+    first = indexes(starts)
+    assert indexes(starts) is first and first.tolist() == list(starts)
+    # An equal list that is another object is indexed on its own, with the same values.
+    other = tuple(range(5, 30000))
+    assert indexes(other) is not first and indexes(other).tolist() == list(starts)
+    # Past its size the oldest entry goes; a list asked again is built again, right.
+    indexes((1, 2))
+    rebuilt = indexes(starts)
+    assert rebuilt is not first and rebuilt.tolist() == list(starts)
