@@ -16,8 +16,12 @@ kind in turn, twice (plain, words, plain, words), the ratio taken within each pa
 (``word_beam`` :data:`WIDE_BEAM`): the same words in the same order, or not.
 
 **Accuracy.** Per sentence, the answer's rank among the whole words (``top_k`` :data:`RANK_K`,
-the default beam) and among the plain fill's answers (``top_k`` :data:`RANK_K`), which hold single
-pieces only and so never the answer.
+the default beam), among the plain fill's answers (``top_k`` :data:`RANK_K`), which hold single
+pieces only and so never the answer, and under X-FACTR's independent decoding given the right
+length: the mask written as as many masks as the answer has pieces, one pass, each mask read on
+its own, piece sequences ranked by the product of their masks' probabilities (each piece from its
+mask's top :data:`RANK_K`). ``--model PATH`` runs it all on another model (a trained one is what
+makes the ranks mean something; the default model is small).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import functools
 import itertools
 import json
 import os
@@ -37,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 import torch
 import transformers
 from transformers import AutoTokenizer
@@ -84,6 +90,7 @@ class Cloze:
     text: str
     answer: str
     pieces: tuple[int, ...]
+    mask: str
 
 
 @dataclass
@@ -94,6 +101,8 @@ class Result:
     exact: list[bool] = field(default_factory=list)
     word_ranks: list[int | None] = field(default_factory=list)
     plain_ranks: list[int | None] = field(default_factory=list)
+    independent_ranks: list[int | None] = field(default_factory=list)
+    model: str = ""
     averages: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
 
@@ -103,7 +112,7 @@ def clozes(tokenizer: Any, limit: int) -> list[Cloze]:
     for sentence, answer in CLOZE:
         pieces = tuple(tokenizer(answer, add_special_tokens=False)["input_ids"])
         if 2 <= len(pieces) <= PIECES:
-            found.append(Cloze(sentence.format(mask=tokenizer.mask_token), answer, pieces))
+            found.append(Cloze(sentence.format(mask=tokenizer.mask_token), answer, pieces, tokenizer.mask_token))
     return found[:limit]
 
 
@@ -167,6 +176,27 @@ async def search_and_accuracy(session: aiohttp.ClientSession, url: str, result: 
         result.word_ranks.append(rank(deep, cloze.pieces))
         plain = await fill(session, url, cloze.text, parameters("plain", top_k=RANK_K))
         result.plain_ranks.append(rank(plain, cloze.pieces))
+        result.independent_ranks.append(await independent_rank(session, url, cloze))
+
+
+async def independent_rank(session: aiohttp.ClientSession, url: str, cloze: Cloze) -> int | None:
+    """The answer's rank under X-FACTR's independent decoding given its length (see the module's
+    docstring), or None past :data:`RANK_K` or when a piece is not among its mask's top ones."""
+    masks = cloze.text.replace(cloze.mask, cloze.mask * len(cloze.pieces))
+    answer = await fill(session, url, masks, parameters("plain", top_k=RANK_K))
+    return product_rank([{p["token"]: p["score"] for p in mask} for mask in answer], cloze.pieces)
+
+
+def product_rank(per_mask: Sequence[dict[int, float]], pieces: tuple[int, ...]) -> int | None:
+    """The rank of ``pieces`` among every sequence of one piece per mask (each mask's scores by
+    piece), ranked by the product of their probabilities; None past :data:`RANK_K` or when a
+    piece is not among its mask's."""
+    if any(piece not in scores for piece, scores in zip(pieces, per_mask, strict=True)):
+        return None
+    wanted = float(np.prod([scores[piece] for piece, scores in zip(pieces, per_mask, strict=True)]))
+    products = functools.reduce(np.multiply.outer, [np.fromiter(s.values(), dtype=np.float64) for s in per_mask])
+    place = int((products > wanted).sum()) + 1
+    return place if place <= RANK_K else None
 
 
 async def measure(url: str, plan: Plan, result: Result) -> None:
@@ -186,12 +216,14 @@ async def measure(url: str, plan: Plan, result: Result) -> None:
         result.throughput.append((plain, words))
 
 
-def run(plan: Plan, log_dir: Path) -> Result:
-    model = default_model()
-    tokenizer = AutoTokenizer.from_pretrained(str(model.path))
-    result = Result(clozes(tokenizer, plan.sentences))
+def run(plan: Plan, log_dir: Path, model_path: Path | None = None) -> Result:
+    """Every measure on the default model, or on the model folder ``model_path``."""
+    path = default_model().path if model_path is None else model_path
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    name = f"the default model ({default_model().name})" if model_path is None else f"the model at {model_path}"
+    result = Result(clozes(tokenizer, plan.sentences), model=name)
     port = free_port()
-    with Server("maskserve", maskserve_argv(model.path, port, *SERVE_FLAGS), port, log_dir / "maskserve.log") as server:
+    with Server("maskserve", maskserve_argv(path, port, *SERVE_FLAGS), port, log_dir / "maskserve.log") as server:
         asyncio.run(measure(server.url, plan, result))
     result.averages = os.getloadavg()
     return result
@@ -210,6 +242,11 @@ def within(ranks: Sequence[int | None], k: int) -> str:
     return f"{hits}/{len(ranks)} ({hits / len(ranks):.0%})" if ranks else "-"
 
 
+def median_rank(ranks: Sequence[int | None]) -> str:
+    found = [r for r in ranks if r is not None]
+    return f"{statistics.median(found):g}" if found else "-"
+
+
 def render(result: Result, command: str) -> str:
     plain_p50 = percentile(result.latency_ms["plain"], 50)
     words_p50 = percentile(result.latency_ms["words"], 50)
@@ -217,12 +254,11 @@ def render(result: Result, command: str) -> str:
     ratios = [words / plain for plain, words in result.throughput]
     throughput_ratio = statistics.median(ratios)
     exact = share(result.exact)
-    found = [r for r in result.word_ranks if r is not None]
     lines = [
         "# Whole words: cost and accuracy",
         "",
-        f"Generated {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC by `{command}`, on the default model "
-        f"({default_model().name}), maskserve {maskserve.__version__}, torch {torch.__version__}, "
+        f"Generated {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC by `{command}`, on {result.model}, "
+        f"maskserve {maskserve.__version__}, torch {torch.__version__}, "
         f"transformers {transformers.__version__}, Python {sys.version.split()[0]}.",
         f"CPU: {cpu_model()}, {os.cpu_count()} cores; load averages at the end {load_averages(result.averages)}.",
         f"{cpu_line()}.",
@@ -254,9 +290,12 @@ def render(result: Result, command: str) -> str:
         "| --- | --- | --- | --- | --- | --- |",
         f"| whole words | {within(result.word_ranks, 1)} | {within(result.word_ranks, 5)} "
         f"| {within(result.word_ranks, 20)} | {within(result.word_ranks, 100)} "
-        f"| {statistics.median(found) if found else '-'} |",
+        f"| {median_rank(result.word_ranks)} |",
         f"| plain fill (one piece per mask) | {within(result.plain_ranks, 1)} | {within(result.plain_ranks, 5)} "
         f"| {within(result.plain_ranks, 20)} | {within(result.plain_ranks, 100)} | - |",
+        f"| independent decoding given the right length (X-FACTR's) | {within(result.independent_ranks, 1)} "
+        f"| {within(result.independent_ranks, 5)} | {within(result.independent_ranks, 20)} "
+        f"| {within(result.independent_ranks, 100)} | {median_rank(result.independent_ranks)} |",
         "",
     ]
     return "\n".join(lines)
@@ -268,12 +307,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--log-dir", type=Path, default=Path(".bench-logs"))
     parser.add_argument("--beam", type=int, default=DEFAULT_WORD_BEAM, help="the whole-word fills' word_beam")
+    parser.add_argument(
+        "--model", type=Path, default=None, help="a fill-mask model folder (default: the default model)"
+    )
     args = parser.parse_args(argv)
     BEAM["width"] = args.beam
     plan = QUICK if args.quick else FULL
-    result = run(plan, args.log_dir)
+    result = run(plan, args.log_dir, args.model)
     command = "python -m benchmarks.whole_words" + (" --quick" if args.quick else "")
     command += f" --beam {args.beam}" if args.beam != DEFAULT_WORD_BEAM else ""
+    command += f" --model {args.model}" if args.model is not None else ""
     publish(render(result, command), args.out)
     return 0
 

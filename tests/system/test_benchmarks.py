@@ -577,6 +577,16 @@ def test_one_batch_run_measures_the_job_minicons_and_the_server_and_checks_accur
     assert report.count("**met**") + report.count("**not met**") == 5  # two rates, two accuracies, the resume
 
 
+def test_independent_decoding_ranks_a_word_by_the_product_of_its_masks_probabilities() -> None:
+    from benchmarks.whole_words import product_rank
+
+    masks = [{1: 0.5, 2: 0.3, 3: 0.2}, {4: 0.6, 5: 0.4}]
+    assert product_rank(masks, (1, 4)) == 1  # 0.30, the best
+    # 0.5 x 0.4 = 0.20 is below 0.30 and 0.3 x 0.6 = 0.18 is not: third.
+    assert product_rank(masks, (2, 4)) == 3
+    assert product_rank(masks, (3, 5)) == 6 and product_rank(masks, (9, 4)) is None
+
+
 @pytest.mark.slow
 @pytest.mark.load
 def test_the_whole_words_benchmark_runs_quick_and_reports_each_target_with_its_verdict(tmp_path: Path) -> None:
@@ -586,7 +596,7 @@ def test_the_whole_words_benchmark_runs_quick_and_reports_each_target_with_its_v
     assert len(result.clozes) == QUICK.sentences
     assert all(len(result.latency_ms[kind]) == QUICK.sentences for kind in ("plain", "words"))
     assert len(result.throughput) == 1 and all(rate > 0 for rate in result.throughput[0])
-    assert len(result.exact) == len(result.word_ranks) == QUICK.sentences
+    assert len(result.exact) == len(result.word_ranks) == len(result.independent_ranks) == QUICK.sentences
     # A plain fill answers single pieces: never a word of two or three.
     assert result.plain_ranks == [None] * QUICK.sentences
     report = render(result, "python -m benchmarks.whole_words --quick")
