@@ -21,6 +21,7 @@ pytestmark = pytest.mark.slow
 LINES = [
     json.dumps({"text": "the cat sat on the [MASK]."}),
     json.dumps({"id": "own", "text": "paris is the [MASK] of france.", "parameters": {"top_k": 2}}),
+    json.dumps({"id": "words", "text": "the [MASK] sat on the mat.", "parameters": {"whole_words": True, "top_k": 3}}),
     "not json",
     json.dumps({"text": "no mask."}),
     *(json.dumps({"text": f"the dog number {i} ate the [MASK]."}) for i in range(40)),
@@ -42,9 +43,9 @@ def test_ray_local_gives_the_same_rows_as_a_local_run_error_rows_included(tmp_pa
     for output, extra in ((here, ()), (on_ray, ("--ray", "local", "--ray-actors", "2"))):
         done = batch(str(source), str(output), "--part-rows", "10", *extra)
         assert done.returncode == 0, done.stderr[-3000:]
-        assert "batch: 44 rows: 42 results, 2 errors" in done.stderr
+        assert "batch: 45 rows: 43 results, 2 errors" in done.stderr
     local, remote = rows_of(here), rows_of(on_ray)
-    assert [row["id"] for row in remote] == [0, "own", 2, 3, *range(4, 44)]
+    assert [row["id"] for row in remote] == [0, "own", "words", 3, 4, *range(5, 45)]
     assert [row.get("error") for row in remote] == [row.get("error") for row in local]
     for mine, theirs in zip(local, remote, strict=True):
         if "result" in mine:  # the same answers; scores within float noise of other batch-mates
@@ -74,4 +75,4 @@ def test_ray_local_finishes_when_one_actor_holds_every_cpu_of_the_cluster(tmp_pa
         "batch", str(source), str(tmp_path / "out.jsonl"), "--ray", "local", "--threads", cpus, "--quiet", timeout_s=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "batch: 44 rows: 42 results, 2 errors" in done.stderr
+    assert "batch: 45 rows: 43 results, 2 errors" in done.stderr
