@@ -131,6 +131,13 @@ class Int8Recipe:
     # NNCF's full bias correction instead of its fast one: slower to quantize, and measured to gain
     # nothing here, so off; kept as a field so that the benchmark measures it the same way.
     full_bias_correction: bool = False
+    # The last layer's products at the read rows (its query, attention, attention output and
+    # feed-forward: what the read-rows last layer computes at the asked rows only) kept in float32.
+    # They decide near-ties between the first answers, and at a few rows they cost little.
+    read_rows_in_float32: bool = False
+    # Node-name patterns (NNCF's ignored-scope regular expressions) kept in float32 besides: for
+    # benchmarks/precision_parts.py, which measures what each part of the graph costs in int8.
+    float32_patterns: tuple[str, ...] = ()
 
 
 # With VNNI or AMX: int8 everywhere but the head, at full speed.
@@ -245,11 +252,34 @@ def residual_products(model: Any) -> list[str]:
     return found
 
 
+def read_rows_matmuls(model: Any) -> list[str]:
+    """The matrix products downstream of the read rows' gather (``read_columns``) and upstream of
+    the head's (``read_index``): the last layer's products at the read rows only.
+
+    Its keys and values read every row, so they are not among them. Found by data flow, as
+    :func:`head_matmuls` finds the head.
+    """
+    (columns,) = [p for p in model.get_parameters() if "read_columns" in p.output(0).get_names()]
+    downstream = {columns.get_friendly_name()}
+    found = []
+    for op in model.get_ordered_ops():  # topological order: producers before consumers
+        if any(value.get_node().get_friendly_name() in downstream for value in op.input_values()):
+            downstream.add(op.get_friendly_name())
+            if op.get_type_name() == "MatMul":
+                found.append(op.get_friendly_name())
+    head = set(head_matmuls(model))
+    return [name for name in found if name not in head]
+
+
 def float32_products(model: Any, recipe: Int8Recipe, head: list[str]) -> list[str]:
-    """The products ``recipe`` keeps in float32: the ``head`` always, the residual ones if it says so."""
-    if not recipe.residual_products_in_float32:
-        return head
-    return head + [name for name in residual_products(model) if name not in head]
+    """The products ``recipe`` keeps in float32: the ``head`` always; the residual ones and the
+    last layer's at the read rows if it says so."""
+    kept = list(head)
+    if recipe.residual_products_in_float32:
+        kept += residual_products(model)
+    if recipe.read_rows_in_float32:
+        kept += read_rows_matmuls(model)
+    return list(dict.fromkeys(kept))
 
 
 def quantize_graph(model: Any, folder: Path, tokenizer: Any, recipe: Int8Recipe) -> dict[str, Any]:
@@ -289,7 +319,10 @@ def quantize_graph(model: Any, folder: Path, tokenizer: Any, recipe: Int8Recipe)
                 nncf.Dataset(batches),
                 model_type=nncf.ModelType.TRANSFORMER,
                 subset_size=len(batches),
-                ignored_scope=nncf.IgnoredScope(names=kept),
+                # Names found in this graph are checked to exist; patterns may match nothing.
+                ignored_scope=nncf.IgnoredScope(
+                    names=kept, patterns=list(recipe.float32_patterns), validate=not recipe.float32_patterns
+                ),
                 advanced_parameters=advanced,
                 fast_bias_correction=not recipe.full_bias_correction,
             )
@@ -300,7 +333,7 @@ def quantize_graph(model: Any, folder: Path, tokenizer: Any, recipe: Int8Recipe)
     return {
         "recipe": recipe.name,
         "float32_head_matmuls": len(head),
-        "float32_residual_matmuls": len(kept) - len(head),
+        "float32_encoder_matmuls": len(kept) - len(head),
         "calibration_batches": len(batches),
         "quantize_seconds": round(time.perf_counter() - started, 3),
     }
