@@ -175,8 +175,7 @@ def int8_variants(layers: int) -> list[tuple[str, Any]]:
     read_rows = dataclasses.replace(base, read_rows_in_float32=True)
     variants += [
         (
-            f"+ last layer's products at the read rows in float32 (layer {last}: query, attention, output, "
-            "feed-forward)",
+            "+ the last layer's products at the read rows in float32 (its query, attention, output, feed-forward)",
             read_rows,
         ),
         (
