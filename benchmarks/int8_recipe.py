@@ -59,7 +59,11 @@ def recipes() -> list[tuple[str, Any]]:
         ("+ the last layer's read rows in float32", dataclasses.replace(alpha, read_rows_in_float32=True)),
         ("+ residual products in float32", residual),
         ("+ the last layer's read rows in float32 (the `avx2` recipe)", AVX2_RECIPE),
-        ("SmoothQuant alpha 0.8, read rows in float32, full bias correction (the `vnni` recipe)", VNNI_RECIPE),
+        (
+            "SmoothQuant alpha 0.8, overflow fix on the first layer only, read rows in float32, full bias "
+            "correction (the `vnni` recipe)",
+            VNNI_RECIPE,
+        ),
     ]
 
 
