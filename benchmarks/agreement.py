@@ -3,10 +3,14 @@
     python -m benchmarks.agreement                    # both models, every installed backend
     python -m benchmarks.agreement --models default   # the trained default model only
     python -m benchmarks.agreement --measure score    # POST /score's agreement only
+    python -m benchmarks.agreement --models default --engines "openvino int8,torch bfloat16"
 
 For each model (the trained default model; a random model of bert-base's shape) the float32
-``transformers.pipeline("fill-mask")`` answers every text of masked_sentences.py (natural
-sentences, each masked at several words), and each engine answers the same texts. Per engine:
+``transformers.pipeline("fill-mask")`` answers two kinds of texts, and each engine answers the
+same texts: ``natural``, the sentences of masked_sentences.py, each masked at several words, most
+of them long enough that context decides the word; ``short``, the short everyday sentences of
+short_sentences.py, one mask each, whose answers spread over many likely words (the kind where a
+reduced precision swaps the first two most often). Per engine and kind:
 top-1 agreement (the same first token), top-5 overlap (the share of the pipeline's five tokens
 among the engine's five) and the largest difference between the two scores of any of the
 pipeline's five tokens. The report starts with the CPU's flags: bfloat16's figures depend on
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import importlib.util
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,12 +53,16 @@ from maskserve.tasks.windows import Layout
 from . import offline
 from .masked_sentences import SENTENCES, masked_texts
 from .models import CACHE_DIR, BenchModel, bert_base_model, default_model
+from .run import cpu_model
+from .short_sentences import short_texts
 
 RESULTS = Path(__file__).resolve().parent / "results" / "agreement.md"
 SCORE_RESULTS = RESULTS.with_name("score-agreement.md")
 EXPORT_CACHE = CACHE_DIR / "maskserve-cache"
 TOP_K = 5
 BATCH = 32
+# The kinds of texts measured: each kind's texts for a mask token.
+KINDS: dict[str, Callable[[str], list[str]]] = {"natural": masked_texts, "short": short_texts}
 
 # One mask's answer: (token, score) for its top tokens, best first.
 Answer = list[tuple[int, float]]
@@ -212,26 +221,36 @@ def cpu_line() -> str:
     simd = sorted(f for f in flags if f.startswith(("avx512", "amx", "avx_vnni")))
     cap = isa_cap_in_effect()
     return (
-        f"CPU matrix features: {describe_features()}; bfloat16 here: {precision_in_effect('bfloat16', 'cpu')}; "
-        f"{int8_in_effect()}. AVX-512/AMX flags: {', '.join(simd) or 'none'}"
-        + (f". Kernels held to `ONEDNN_MAX_CPU_ISA={cap}` on a CPU with more" if cap else "")
+        f"CPU: {cpu_model()}; matrix features: {describe_features()}; "
+        f"bfloat16 here: {precision_in_effect('bfloat16', 'cpu')}; {int8_in_effect()}. "
+        f"AVX-512/AMX flags: {', '.join(simd) or 'none'}"
+        + (
+            f". Kernels held to `ONEDNN_MAX_CPU_ISA={cap}` on a CPU with more"
+            if cap
+            else ". Kernels not held to an ISA (the CPU's own)"
+        )
     )
 
 
 def measure_model(model: BenchModel, variants: Sequence[Variant], threads: int) -> list[str]:
     pipe = offline.load_pipeline(str(model.path))
-    texts = masked_texts(pipe.tokenizer.mask_token)
-    reference = pipeline_answers(pipe, texts)
+    kinds = {kind: texts(pipe.tokenizer.mask_token) for kind, texts in KINDS.items()}
+    references = {kind: pipeline_answers(pipe, texts) for kind, texts in kinds.items()}
     rows = []
     for variant in variants:
-        engine = variant.load(model.path, threads)
-        result = measure_agreement(engine, texts, reference)
+        try:
+            engine = variant.load(model.path, threads)
+        except BackendUnavailable as exc:  # bfloat16 on OpenVINO without AMX or AVX-512 BF16
+            print(f"{variant.name}: not measured: {exc}", flush=True)
+            continue
         name = f"{variant.name} (`{variant.flags}`)" if variant.flags else variant.name
-        rows.append(
-            f"| {model.name} | {name} | {result.top1}/{result.masks} ({100 * result.top1_share:.1f}%) | "
-            f"{100 * result.top5_overlap:.1f}% | {result.largest_score_difference:.2g} |"
-        )
-        print(rows[-1], flush=True)
+        for kind, texts in kinds.items():
+            result = measure_agreement(engine, texts, references[kind])
+            rows.append(
+                f"| {model.name} | {name} | {kind} | {result.top1}/{result.masks} ({100 * result.top1_share:.1f}%) | "
+                f"{100 * result.top5_overlap:.1f}% | {result.largest_score_difference:.2g} |"
+            )
+            print(rows[-1], flush=True)
         del engine
     return rows
 
@@ -275,6 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.agreement", description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="default,bert-base", help="comma-separated: default, bert-base")
     parser.add_argument("--measure", default="fill-mask,score", help="comma-separated: fill-mask, score")
+    parser.add_argument("--engines", default="", help="comma-separated engine names (default: every installed one)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where fill-mask's Markdown table goes")
     parser.add_argument("--score-out", type=Path, default=SCORE_RESULTS, help="where /score's table goes")
     args_list = list(sys.argv[1:] if argv is None else argv)
@@ -284,21 +304,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     measures = [m.strip() for m in args.measure.split(",") if m.strip()]
     if [k for k in keys if k not in models] or [m for m in measures if m not in ("fill-mask", "score")]:
         raise SystemExit(f"--models: choose from {list(models)}; --measure: from fill-mask, score")
+    chosen = {e.strip() for e in args.engines.split(",") if e.strip()}
+    if chosen - {v.name for v in VARIANTS}:
+        raise SystemExit(f"--engines: choose from {[v.name for v in VARIANTS]}")
     variants = [v for v in VARIANTS if v.needs is None or importlib.util.find_spec(v.needs) is not None]
-    skipped = [v.name for v in VARIANTS if v not in variants]
+    if chosen:
+        # torch float32 stays first where /score is measured: it is that table's reference.
+        variants = [v for v in variants if v.name in chosen or (v.name == "torch float32" and "score" in measures)]
+    skipped = [v.name for v in VARIANTS if v not in variants and (not chosen or v.name in chosen)]
     not_measured = f"; not installed, not measured: {', '.join(skipped)}" if skipped else ""
     threads = available_cpus()
-    command = " ".join(["python -m benchmarks.agreement", *args_list])
+    command = shlex.join(["python", "-m", "benchmarks.agreement", *args_list])
     if "fill-mask" in measures:
         lines = [
             *header("# Agreement with the float32 pipeline, per backend and precision", command, threads),
-            f"- texts: masked_sentences.py, {len(masked_texts('[MASK]'))} masks (one per text); reference: "
+            f"- texts: `natural`, masked_sentences.py, {len(masked_texts('[MASK]'))} masks; `short`, "
+            f"short_sentences.py, {len(short_texts('[MASK]'))} masks (one mask per text); reference: "
             f"`pipeline('fill-mask')` in float32, top {TOP_K}" + not_measured,
             "- top-5 overlap: the mean share of the pipeline's five tokens among the engine's five; score "
             "difference: the largest, over the pipeline's five tokens of every mask",
             "",
-            "| model | engine | top-1 agreement | top-5 overlap | largest score difference |",
-            "|---|---|---|---|---|",
+            "| model | engine | texts | top-1 agreement | top-5 overlap | largest score difference |",
+            "|---|---|---|---|---|---|",
         ]
         print("\n".join(lines), flush=True)
         for key in keys:

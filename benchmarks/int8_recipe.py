@@ -9,7 +9,8 @@ with neither). Each class runs in a process of its own, since oneDNN reads the c
 that changes nothing on this CPU (a class above it) is skipped.
 
 Per class and recipe: the top-1 agreement of ``--backend openvino --quantize int8`` with the float32
-pipeline on the default model (masked_sentences.py, as benchmarks/agreement.py measures it), and
+pipeline on the default model (masked_sentences.py and short_sentences.py, as
+benchmarks/agreement.py measures them), and
 the speed of the same recipe on bert-base's shape against openvino float32 (batches of 32
 length-sorted sentences, alternating rounds in one process: a ratio within one run).
 """
@@ -49,12 +50,20 @@ def recipes() -> list[tuple[str, Any]]:
     defaults = Int8Recipe(
         "nncf defaults", overflow_fix=False, smooth_quant_alpha=None, residual_products_in_float32=False
     )
+    alpha = dataclasses.replace(defaults, overflow_fix=True, smooth_quant_alpha=0.8)
+    residual = dataclasses.replace(alpha, residual_products_in_float32=True)
     return [
         ("NNCF's defaults (overflow fix on the first layer only)", defaults),
         ("+ overflow fix in every layer", dataclasses.replace(defaults, overflow_fix=True)),
-        ("+ SmoothQuant alpha 0.8 (the `vnni` recipe)", VNNI_RECIPE),
-        ("+ full bias correction", dataclasses.replace(VNNI_RECIPE, full_bias_correction=True)),
-        ("+ residual products in float32 (the `avx2` recipe)", AVX2_RECIPE),
+        ("+ SmoothQuant alpha 0.8", alpha),
+        ("+ the last layer's read rows in float32", dataclasses.replace(alpha, read_rows_in_float32=True)),
+        ("+ residual products in float32", residual),
+        ("+ the last layer's read rows in float32 (the `avx2` recipe)", AVX2_RECIPE),
+        (
+            "SmoothQuant alpha 0.8, overflow fix on the first layer only, read rows in float32, full bias "
+            "correction (the `vnni` recipe)",
+            VNNI_RECIPE,
+        ),
     ]
 
 
@@ -65,6 +74,7 @@ def measure_class() -> list[dict[str, Any]]:
     from benchmarks.masked_sentences import masked_texts
     from benchmarks.models import bert_base_model, default_model
     from benchmarks.sentences import make_sentences
+    from benchmarks.short_sentences import short_texts
     from maskserve.engine.openvino import load_openvino_engine
     from maskserve.model_api import ModelSpec, Query
 
@@ -73,6 +83,8 @@ def measure_class() -> list[dict[str, Any]]:
     pipe: Any = offline.load_pipeline(str(default.path))
     texts = masked_texts(pipe.tokenizer.mask_token)
     reference = pipeline_answers(pipe, texts)
+    short = short_texts(pipe.tokenizer.mask_token)
+    short_reference = pipeline_answers(pipe, short)
     base = bert_base_model()
     with tempfile.TemporaryDirectory() as scratch:
         cache = Path(scratch)
@@ -96,11 +108,14 @@ def measure_class() -> list[dict[str, Any]]:
         for index, (label, recipe) in enumerate(recipes()):
             small = int8(default.path, index, recipe)
             agreement = measure_agreement(small, texts, reference)
+            on_short = measure_agreement(small, short, short_reference)
             rows.append(
                 {
                     "recipe": label,
                     "top1": agreement.top1,
                     "masks": agreement.masks,
+                    "short_top1": on_short.top1,
+                    "short_masks": on_short.masks,
                     "top5": agreement.top5_overlap,
                     "largest": agreement.largest_score_difference,
                 }
@@ -157,12 +172,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"- classes below this CPU are run with oneDNN's `{ISA_CAP_VARIABLE}` cap: the same kernels an "
         "AVX2-only (or VNNI-without-AMX) CPU runs, on this CPU's cores and caches, not such a CPU itself",
         "- agreement: `--backend openvino --quantize int8` on the default model against the float32 pipeline, "
-        "480 masks (masked_sentences.py); speed: the same recipe on bert-base's shape, batches of 32, "
+        "480 masks (masked_sentences.py), and 152 short sentences' masks (short_sentences.py); speed: the same "
+        "recipe on bert-base's shape, batches of 32, "
         f"against openvino float32 in the same class (median of {ROUNDS} alternating rounds)",
         "",
         "| class (`ONEDNN_MAX_CPU_ISA`) | int8 kernels | recipe | top-1 agreement | top-5 overlap "
-        "| largest score difference | speed vs float32 |",
-        "|---|---|---|---|---|---|---|",
+        "| largest score difference | top-1, short sentences | speed vs float32 |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     print("\n".join(lines), flush=True)
     for cap in [c.strip() for c in args.classes.split(",") if c.strip()]:
@@ -175,6 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             lines.append(
                 f"| {cap} | {int8_kernels(effective)} | {row['recipe']} | {row['top1']}/{row['masks']} "
                 f"({100 * row['top1'] / row['masks']:.1f}%) | {100 * row['top5']:.1f}% | {row['largest']:.2g} "
+                f"| {row['short_top1']}/{row['short_masks']} ({100 * row['short_top1'] / row['short_masks']:.1f}%) "
                 f"| {row['speed']:.2f}× |"
             )
             print(lines[-1], flush=True)

@@ -9,7 +9,7 @@ float32 is set explicitly: OpenVINO's own default on a CPU with AMX is bfloat16,
 change the answers without the operator asking. ``--dtype bfloat16`` compiles the same graph in
 bfloat16, where the CPU runs it natively (AMX or AVX-512 BF16); elsewhere it is refused.
 ``--quantize int8`` serves the graph of ``openvino_quantize.py`` instead: int8 encoder, float32
-head.
+head and last layer at the read rows.
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ measured by ``benchmarks/agreement.py`` and shown in the docs, so int8 is opt-in
 
 The masked-LM head stays in float32. It ranks every vocabulary token against the others at each
 mask, so its rounding changes the top tokens most; and it runs on the mask rows only, a small
-share of a forward pass.
+share of a forward pass. So does the last layer at the read rows (its query, attention, output and
+feed-forward; its keys and values read every row and are int8): on short texts, whose answers
+are flat, its rounding decided most of int8's changed answers, and at a few rows it costs little.
 
 The calibration texts are built in (below): varied English sentences of a few to about fifty
 tokens, each with the model's own mask token, padded into batches as maskserve forms them. A
@@ -46,7 +48,7 @@ from maskserve.engine.openvino_export import MODEL_FILE
 
 log = logging.getLogger(__name__)
 # Bump when the quantization's recipe (its options, the ignored head, the batching) changes.
-QUANTIZE_FORMAT = 2
+QUANTIZE_FORMAT = 3
 # Calibration batches hold this many texts: several lengths padded together, as in serving.
 CALIBRATION_BATCH = 4
 
@@ -117,8 +119,8 @@ class Int8Recipe:
     name: str
     # Weights in 7 bits in every layer (NNCF's overflow fix; its default fixes the first layer
     # only), so that AVX2's 16-bit partial sums cannot saturate. VNNI and AMX sum in 32 bits and
-    # never saturate: the fix is kept there too, because it costs them no speed and no agreement
-    # (benchmarks/int8_recipe.py), and one graph per model is simpler than two.
+    # never saturate: there the weights keep their eighth bit past the first layer, which moves
+    # fewer near-ties on short texts (benchmarks/precision_parts.py).
     overflow_fix: bool
     # SmoothQuant's migration strength for matrix products: how much of the activations' outliers
     # move into the weights. Below NNCF's transformer default, so that 7-bit weights are not the
@@ -128,15 +130,31 @@ class Int8Recipe:
     # stream, kept in float32: the residual sums carry the widest outliers, and without VNNI an
     # int8 product gains no speed over float32 to pay for the lost agreement.
     residual_products_in_float32: bool
-    # NNCF's full bias correction instead of its fast one: slower to quantize, and measured to gain
-    # nothing here, so off; kept as a field so that the benchmark measures it the same way.
+    # NNCF's full bias correction instead of its fast one: slower to quantize (once per model),
+    # no slower to serve; it gains agreement on short texts where the weights keep 8 bits.
     full_bias_correction: bool = False
+    # The last layer's products at the read rows (its query, attention, attention output and
+    # feed-forward: what the read-rows last layer computes at the asked rows only) kept in float32.
+    # They decide near-ties between the first answers, and at a few rows they cost little.
+    read_rows_in_float32: bool = False
+    # Node-name patterns (NNCF's ignored-scope regular expressions) kept in float32 besides: for
+    # benchmarks/precision_parts.py, which measures what each part of the graph costs in int8.
+    float32_patterns: tuple[str, ...] = ()
 
 
-# With VNNI or AMX: int8 everywhere but the head, at full speed.
-VNNI_RECIPE = Int8Recipe("vnni", overflow_fix=True, smooth_quant_alpha=0.8, residual_products_in_float32=False)
+# With VNNI or AMX: int8 everywhere but the head and the last layer's read rows, at full speed.
+VNNI_RECIPE = Int8Recipe(
+    "vnni",
+    overflow_fix=False,
+    smooth_quant_alpha=0.8,
+    residual_products_in_float32=False,
+    full_bias_correction=True,
+    read_rows_in_float32=True,
+)
 # Without them: agreement first, since int8 cannot be fast there anyway.
-AVX2_RECIPE = Int8Recipe("avx2", overflow_fix=True, smooth_quant_alpha=0.8, residual_products_in_float32=True)
+AVX2_RECIPE = Int8Recipe(
+    "avx2", overflow_fix=True, smooth_quant_alpha=0.8, residual_products_in_float32=True, read_rows_in_float32=True
+)
 
 
 def recipe_for(flags: frozenset[str] | None = None) -> Int8Recipe:
@@ -245,11 +263,34 @@ def residual_products(model: Any) -> list[str]:
     return found
 
 
+def read_rows_matmuls(model: Any) -> list[str]:
+    """The matrix products downstream of the read rows' gather (``read_columns``) and upstream of
+    the head's (``read_index``): the last layer's products at the read rows only.
+
+    Its keys and values read every row, so they are not among them. Found by data flow, as
+    :func:`head_matmuls` finds the head.
+    """
+    (columns,) = [p for p in model.get_parameters() if "read_columns" in p.output(0).get_names()]
+    downstream = {columns.get_friendly_name()}
+    found = []
+    for op in model.get_ordered_ops():  # topological order: producers before consumers
+        if any(value.get_node().get_friendly_name() in downstream for value in op.input_values()):
+            downstream.add(op.get_friendly_name())
+            if op.get_type_name() == "MatMul":
+                found.append(op.get_friendly_name())
+    head = set(head_matmuls(model))
+    return [name for name in found if name not in head]
+
+
 def float32_products(model: Any, recipe: Int8Recipe, head: list[str]) -> list[str]:
-    """The products ``recipe`` keeps in float32: the ``head`` always, the residual ones if it says so."""
-    if not recipe.residual_products_in_float32:
-        return head
-    return head + [name for name in residual_products(model) if name not in head]
+    """The products ``recipe`` keeps in float32: the ``head`` always; the residual ones and the
+    last layer's at the read rows if it says so."""
+    kept = list(head)
+    if recipe.residual_products_in_float32:
+        kept += residual_products(model)
+    if recipe.read_rows_in_float32:
+        kept += read_rows_matmuls(model)
+    return list(dict.fromkeys(kept))
 
 
 def quantize_graph(model: Any, folder: Path, tokenizer: Any, recipe: Int8Recipe) -> dict[str, Any]:
@@ -289,7 +330,10 @@ def quantize_graph(model: Any, folder: Path, tokenizer: Any, recipe: Int8Recipe)
                 nncf.Dataset(batches),
                 model_type=nncf.ModelType.TRANSFORMER,
                 subset_size=len(batches),
-                ignored_scope=nncf.IgnoredScope(names=kept),
+                # Names found in this graph are checked to exist; patterns may match nothing.
+                ignored_scope=nncf.IgnoredScope(
+                    names=kept, patterns=list(recipe.float32_patterns), validate=not recipe.float32_patterns
+                ),
                 advanced_parameters=advanced,
                 fast_bias_correction=not recipe.full_bias_correction,
             )
@@ -300,7 +344,7 @@ def quantize_graph(model: Any, folder: Path, tokenizer: Any, recipe: Int8Recipe)
     return {
         "recipe": recipe.name,
         "float32_head_matmuls": len(head),
-        "float32_residual_matmuls": len(kept) - len(head),
+        "float32_encoder_matmuls": len(kept) - len(head),
         "calibration_batches": len(batches),
         "quantize_seconds": round(time.perf_counter() - started, 3),
     }

@@ -2,8 +2,9 @@
 openvino, and honest about what runs it.
 
 Agreement is measured as benchmarks/agreement.py measures it, against the float32 pipeline, over
-the natural sentences of benchmarks/masked_sentences.py (480 masks); ``/score``'s against torch
-float32, over the same sentences unmasked.
+both of its kinds of texts: the natural sentences of benchmarks/masked_sentences.py (480 masks) and
+the short everyday sentences of benchmarks/short_sentences.py (one mask each); ``/score``'s
+against torch float32, over the natural sentences unmasked.
 """
 
 from __future__ import annotations
@@ -16,15 +17,19 @@ import pytest
 from benchmarks import offline
 from benchmarks.agreement import Answer, engine_scores, measure_agreement, measure_score_agreement, pipeline_answers
 from benchmarks.masked_sentences import SENTENCES, masked_texts
+from benchmarks.short_sentences import short_texts
 from maskserve.engine import FillMaskEngine, default_model_dir, load_engine
-from maskserve.engine.cpu import native_bf16, precision_in_effect
+from maskserve.engine.cpu import describe_features, native_bf16, precision_in_effect
 from maskserve.tasks.pseudo_likelihood import TextScore
 from tests.conftest import load_openvino
 
-# The issue's bound: bfloat16 may differ from float32, within these, on a trained model.
-MIN_TOP1_AGREEMENT = 0.99
+# The issue's bound: bfloat16 may differ from float32, within these, on a trained model. Short
+# sentences' answers are flatter, so more of them are near-ties that rounding swaps: their floor
+# sits a few masks below what AVX-512 BF16 measured (benchmarks/results/agreement.md).
+MIN_TOP1_AGREEMENT = {"natural": 0.99, "short": 0.96}
 MAX_SCORE_DIFFERENCE = 0.02
-MIN_MASKS = 400
+TEXTS = {"natural": masked_texts, "short": short_texts}
+MIN_MASKS = {"natural": 400, "short": 150}
 # /score on the same model: each token's log-probability within this of float32's, and the
 # sentences ranked alike (Spearman, by mean log-probability per token). Both well outside what
 # bfloat16 measured on each class of CPU (benchmarks/results/score-agreement.md), and far from
@@ -34,11 +39,11 @@ MIN_SCORE_RANK_CORRELATION = 0.995
 
 
 @pytest.fixture(scope="module")
-def masked() -> tuple[list[str], list[Answer]]:
-    """The texts and the float32 pipeline's answers to them, on the default model."""
+def masked() -> dict[str, tuple[list[str], list[Answer]]]:
+    """Each kind's texts and the float32 pipeline's answers to them, on the default model."""
     pipe: Any = offline.load_pipeline(str(default_model_dir()))
-    texts = masked_texts(pipe.tokenizer.mask_token)
-    return texts, pipeline_answers(pipe, texts)
+    kinds = {kind: texts(pipe.tokenizer.mask_token) for kind, texts in TEXTS.items()}
+    return {kind: (texts, pipeline_answers(pipe, texts)) for kind, texts in kinds.items()}
 
 
 def bf16_engine(backend: str, cache: Path) -> FillMaskEngine:
@@ -49,18 +54,21 @@ def bf16_engine(backend: str, cache: Path) -> FillMaskEngine:
     return load_engine(None, threads=1, dtype="bfloat16")
 
 
+@pytest.mark.parametrize("kind", list(TEXTS))
 @pytest.mark.parametrize("backend", ["torch", "openvino"])
 def test_bfloat16_agrees_with_the_float32_pipeline_on_the_default_model(
-    backend: str, masked: tuple[list[str], list[Answer]], export_cache: Path
+    backend: str, kind: str, masked: dict[str, tuple[list[str], list[Answer]]], export_cache: Path
 ) -> None:
-    texts, reference = masked
-    assert len(texts) >= MIN_MASKS
+    texts, reference = masked[kind]
+    assert len(texts) >= MIN_MASKS[kind]
     engine = bf16_engine(backend, export_cache)
     assert engine.dtype == "bfloat16"
     # Measured through the last layer at the read rows only: bfloat16 keeps the saving.
     assert engine.describe()["read_rows_last_layer"] == "yes"
     result = measure_agreement(engine, texts, reference)
-    assert result.top1_share >= MIN_TOP1_AGREEMENT, result
+    shown = engine.describe()["precision"]
+    print(f"{backend} {shown} ({describe_features()}), {kind} texts: {result}")
+    assert result.top1_share >= MIN_TOP1_AGREEMENT[kind], (shown, result)
     assert result.largest_score_difference <= MAX_SCORE_DIFFERENCE, result
 
 

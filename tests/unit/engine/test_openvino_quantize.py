@@ -2,8 +2,9 @@
 and close to float32 on the trained default model.
 
 Agreement is measured as benchmarks/agreement.py measures it, against the float32 pipeline, over
-the natural sentences of benchmarks/masked_sentences.py (480 masks); ``/score``'s against torch
-float32, over the same sentences unmasked.
+both of its kinds of texts: the natural sentences of benchmarks/masked_sentences.py (480 masks)
+and the short everyday sentences of benchmarks/short_sentences.py (one mask each); ``/score``'s
+against torch float32, over the natural sentences unmasked.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ import pytest
 from benchmarks import offline
 from benchmarks.agreement import engine_scores, measure_agreement, measure_score_agreement, pipeline_answers
 from benchmarks.masked_sentences import SENTENCES, masked_texts
+from benchmarks.short_sentences import short_texts
 from maskserve.config.settings import Settings
 from maskserve.engine import BackendUnavailable, FillMaskEngine, default_model_dir
-from maskserve.engine.cpu import int8_fast, int8_in_effect, int8_kernels
+from maskserve.engine.cpu import describe_features, int8_fast, int8_in_effect, int8_kernels
 from maskserve.engine.read_rows import ReadRows
 from maskserve.http.app import load_model
 from maskserve.model_api import ModelSpec, Query
@@ -37,15 +39,22 @@ if HAS_OPENVINO and HAS_NNCF:
     from maskserve.engine import openvino_quantize
     from maskserve.engine.openvino import OpenVinoFillMaskEngine, load_openvino_engine
 
-# int8 moves answers more than bfloat16 (whose bound is 99% and 0.02). The floor per class of int8
-# kernels, each below what that class measured with its recipe (benchmarks/results/int8-recipe.md)
-# and far above what a broken graph gives. Top-1: the same floor everywhere. The largest score
-# difference: tighter where the residual products stay in float32 (the avx2 recipe). The VNNI and
-# AMX recipes quantize the last layer's products at the read rows too, which moves the largest
-# difference beyond what the whole-layer graph measured there: the bound leaves room for that.
-MIN_TOP1_AGREEMENT = {"AMX": 0.95, "AVX-512 VNNI": 0.95, "AVX-VNNI": 0.95, "AVX2": 0.95}
-MAX_SCORE_DIFFERENCE = {"AMX": 0.1, "AVX-512 VNNI": 0.1, "AVX-VNNI": 0.1, "AVX2": 0.03}
-MIN_MASKS = 400
+# int8 moves answers more than bfloat16. The floor per kind of text and class of int8 kernels, each
+# below what that class measured with its recipe (benchmarks/results/agreement.md,
+# precision-parts.md, int8-recipe.md: VNNI and AMX multiply int8 exactly in 32 bits, so they answer
+# alike) by a few masks' worth, and far above what a broken graph gives; on VNNI and AMX, above
+# what the recipe before the last layer's read rows were kept in float32 gave on short sentences
+# (about 88%). The largest score difference: tighter where the residual products stay in float32
+# (the avx2 recipe); on VNNI and AMX it fell several times over when the read rows did, and a
+# return of int8 to them would exceed it.
+MIN_TOP1_AGREEMENT = {
+    "natural": {"AMX": 0.95, "AVX-512 VNNI": 0.95, "AVX-VNNI": 0.95, "AVX2": 0.95},
+    "short": {"AMX": 0.95, "AVX-512 VNNI": 0.95, "AVX-VNNI": 0.95, "AVX2": 0.93},
+}
+MAX_SCORE_DIFFERENCE = {"AMX": 0.04, "AVX-512 VNNI": 0.04, "AVX-VNNI": 0.04, "AVX2": 0.03}
+# The texts of each kind: enough masks that one changed answer moves the share by under one point.
+TEXTS = {"natural": masked_texts, "short": short_texts}
+MIN_MASKS = {"natural": 400, "short": 150}
 # /score on the same model, per class of int8 kernels, against torch float32: each token's
 # log-probability within the bound, and the sentences ranked alike (Spearman, by mean
 # log-probability per token). Each outside what its class measured
@@ -92,14 +101,20 @@ def test_the_encoder_is_int8_and_the_head_float32(recipe: str, tmp_path: Path) -
     quantized, plain = quantized_ops(model)
     head = set(openvino_quantize.head_matmuls(model))
     residual = set(openvino_quantize.residual_products(model))
+    read_rows = set(openvino_quantize.read_rows_matmuls(model))
     assert head and head <= plain
-    # 2 layers of 6 products with weights: 2 of each write into the residual stream.
+    # 2 layers of 6 products with weights: 2 of each write into the residual stream; 4 of the
+    # last layer's run at the read rows only (all but its keys and values).
     encoder = {name for name in quantized | plain if "encoder.layer" in name and "linear" in name}
     assert len(encoder) == 12 and len(residual) == 4 and residual <= encoder
-    if chosen.residual_products_in_float32:
-        assert residual <= plain and quantized & encoder == encoder - residual
-    else:
-        assert encoder <= quantized
+    assert len(read_rows & encoder) == 4 and all("encoder.layer.1." in name for name in read_rows & encoder)
+    # Both recipes keep the last layer's read rows in float32, its keys and values in int8.
+    assert chosen.read_rows_in_float32 and read_rows <= plain
+    assert {
+        name for name in encoder if "layer.1.attention.self.key" in name or "layer.1.attention.self.value" in name
+    } <= quantized
+    kept = residual | read_rows if chosen.residual_products_in_float32 else read_rows
+    assert quantized & encoder == encoder - kept
 
 
 def test_the_recipe_follows_the_int8_kernels() -> None:
@@ -108,6 +123,9 @@ def test_the_recipe_follows_the_int8_kernels() -> None:
     assert openvino_quantize.recipe_for(frozenset({"avx2", "avx_vnni"})).name == "vnni"
     avx2 = openvino_quantize.recipe_for(frozenset({"avx2", "avx512f"}))
     assert avx2.name == "avx2" and avx2.overflow_fix and avx2.residual_products_in_float32
+    # 32-bit sums cannot saturate: 8-bit weights past the first layer, with full bias correction.
+    vnni = openvino_quantize.recipe_for(frozenset({"avx2", "avx512_vnni"}))
+    assert not vnni.overflow_fix and vnni.full_bias_correction and not vnni.residual_products_in_float32
     # This CPU's: the one the served graph is made with.
     assert openvino_quantize.recipe_for().name == ("vnni" if int8_fast() else "avx2")
 
@@ -137,6 +155,26 @@ def test_the_residual_products_are_found_by_data_flow_on_each_architecture(
 
 
 @pytest.mark.parametrize("build", ["bert", "roberta"])
+def test_the_last_layers_read_rows_are_found_by_data_flow_on_each_architecture(
+    build: str, bert_dir: Path, roberta_dir: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoConfig
+
+    folder = bert_dir if build == "bert" else roberta_dir
+    engine = load_openvino_engine(ModelSpec(model=str(folder), backend="openvino", cache_dir=tmp_path, threads=1))
+    model = served_graph(engine)
+    found = openvino_quantize.read_rows_matmuls(model)
+    last = AutoConfig.from_pretrained(str(folder)).num_hidden_layers - 1
+    # The last layer's query, attention output, intermediate and output products, and its two
+    # attention products (query by keys, weights by values); never its keys and values, nor the head.
+    weighted = [name for name in found if "linear" in name]
+    assert len(weighted) == 4 and len(found) == 6, found
+    assert all(f"encoder.layer.{last}." in name for name in weighted), found
+    assert not [name for name in found if "self.key" in name or "self.value" in name], found
+    assert not set(found) & set(openvino_quantize.head_matmuls(model))
+
+
+@pytest.mark.parametrize("build", ["bert", "roberta"])
 def test_the_head_is_found_by_data_flow_on_each_architecture(
     build: str, bert_dir: Path, roberta_dir: Path, tmp_path: Path
 ) -> None:
@@ -151,15 +189,20 @@ def test_the_head_is_found_by_data_flow_on_each_architecture(
     assert all(("cls.predictions" in name or "lm_head" in name) and "encoder" not in name for name in head)
 
 
-def test_int8_agrees_with_the_float32_pipeline_on_the_default_model(int8_default: OpenVinoFillMaskEngine) -> None:
+@pytest.mark.parametrize("kind", list(TEXTS))
+def test_int8_agrees_with_the_float32_pipeline_on_the_default_model(
+    kind: str, int8_default: OpenVinoFillMaskEngine
+) -> None:
     pipe: Any = offline.load_pipeline(str(default_model_dir()))
-    texts = masked_texts(pipe.tokenizer.mask_token)
-    assert len(texts) >= MIN_MASKS
+    texts = TEXTS[kind](pipe.tokenizer.mask_token)
+    assert len(texts) >= MIN_MASKS[kind]
     reference = pipeline_answers(pipe, texts)
     result = measure_agreement(int8_default, texts, reference)
     kernels = int8_kernels()
-    assert result.top1_share >= MIN_TOP1_AGREEMENT[kernels], (kernels, result)
-    assert result.largest_score_difference <= MAX_SCORE_DIFFERENCE[kernels], (kernels, result)
+    print(f"int8 on {kernels} ({describe_features()}), {kind} texts: {result}")
+    assert result.top1_share >= MIN_TOP1_AGREEMENT[kind][kernels], (kernels, result)
+    if kind == "natural":
+        assert result.largest_score_difference <= MAX_SCORE_DIFFERENCE[kernels], (kernels, result)
     # It is not float32 in disguise: its scores move.
     assert result.largest_score_difference > 1e-4, result
 
