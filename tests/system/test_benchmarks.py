@@ -466,7 +466,7 @@ def test_the_read_rows_benchmark_compares_each_variant_with_its_whole_last_layer
     for row in rows:
         assert float(row[5].split("×")[0]) > 0
         assert float(row[-1].rstrip(" |")) <= 1e-4  # float32 with and without: the same answers
-    assert "CPU matrix features" in report and "python -m benchmarks.read_rows --models default" in report
+    assert "matrix features:" in report and "python -m benchmarks.read_rows --models default" in report
 
 
 def test_the_grpc_report_judges_the_targets_on_the_default_model_only() -> None:
@@ -573,7 +573,7 @@ def test_one_batch_run_measures_the_job_minicons_and_the_server_and_checks_accur
     assert round_.resumed is not None and run.resumed_same
     assert 0 < round_.resumed.parts_at_kill < round_.resumed.parts and round_.resumed.resumed_rows > 0
     report = render(run, "python -m benchmarks.batch --quick")
-    assert "| `maskserve batch --task score`, as the job reports it | " in report and "CPU matrix features" in report
+    assert "| `maskserve batch --task score`, as the job reports it | " in report and "matrix features:" in report
     assert report.count("**met**") + report.count("**not met**") == 5  # two rates, two accuracies, the resume
 
 
