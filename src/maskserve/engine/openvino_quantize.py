@@ -207,11 +207,16 @@ def head_matmuls(model: Any) -> list[str]:
     which stays float32.
 
     Found by the graph's data flow, not by layer names, so that any architecture's head is. The
-    last layer's products at the read rows come before that gather (they read ``read_columns``)
-    and are quantized like every other layer's.
+    last layer's products at the read rows come before that gather (they read ``read_columns``:
+    :func:`read_rows_matmuls`).
     """
-    (asked,) = [p for p in model.get_parameters() if "read_index" in p.output(0).get_names()]
-    downstream = {asked.get_friendly_name()}
+    return _matmuls_downstream_of(model, "read_index")
+
+
+def _matmuls_downstream_of(model: Any, input_name: str) -> list[str]:
+    """The matrix products that the graph input ``input_name`` flows into, in graph order."""
+    (start,) = [p for p in model.get_parameters() if input_name in p.output(0).get_names()]
+    downstream = {start.get_friendly_name()}
     found = []
     for op in model.get_ordered_ops():  # topological order: producers before consumers
         if any(value.get_node().get_friendly_name() in downstream for value in op.input_values()):
@@ -270,14 +275,7 @@ def read_rows_matmuls(model: Any) -> list[str]:
     Its keys and values read every row, so they are not among them. Found by data flow, as
     :func:`head_matmuls` finds the head.
     """
-    (columns,) = [p for p in model.get_parameters() if "read_columns" in p.output(0).get_names()]
-    downstream = {columns.get_friendly_name()}
-    found = []
-    for op in model.get_ordered_ops():  # topological order: producers before consumers
-        if any(value.get_node().get_friendly_name() in downstream for value in op.input_values()):
-            downstream.add(op.get_friendly_name())
-            if op.get_type_name() == "MatMul":
-                found.append(op.get_friendly_name())
+    found = _matmuls_downstream_of(model, "read_columns")
     head = set(head_matmuls(model))
     return [name for name in found if name not in head]
 
