@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from maskserve.model_api import Prediction, Query, TextPredictions, copy_prediction
-from maskserve.tasks.windows import Layout, Window, fits, windows
+from maskserve.tasks.windows import Layout, Window, fits, windows, word_windows
 
 # "first_token" is the pipeline's own behaviour: a target stands for its first token.
 MultiTokenTargets = Literal["whole_word", "first_token"]
@@ -175,14 +175,9 @@ def plan_text(
         own = placed(layout)
         cut.update((w.start, w.end) for w in own)
         reads = tuple(_window_query(query, window, layout) for window in own)
-    # Each mask's window, per length of word (a word of k tokens grows its copies by k - 1); none
-    # where the copies fit the model whole.
-    by_length: dict[int, dict[int, tuple[Window, Layout]]] = {}
-    for length in {len(word) for word in words}:
-        narrow = layout.narrower(length - 1)
-        around = [] if fits(query.n_tokens + length - 1, layout) else placed(narrow)
-        by_length[length] = {span[0]: (window, narrow) for window in around for span in window.asked}
-        cut.update((w.start, w.end) for w in around)
+    # Each mask's window, per length of word; none where the copies fit the model whole.
+    by_length = word_windows(query.n_tokens, positions, {len(word) for word in words}, layout, word_ids)
+    cut.update((w.start, w.end) for around in by_length.values() for w, _ in around.values())
     copies: list[Query] = []
     for position in positions:
         for word in words:

@@ -14,7 +14,7 @@ windows as its positions need. Pure arithmetic: no model, no HTTP.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -103,6 +103,30 @@ def windows(word_ids: Sequence[int | None], asked: Sequence[tuple[int, int]], la
         else:
             groups.append([span])
     return [_placed(group, word_ids, width, lowest, highest) for group in groups]
+
+
+def word_windows(
+    n_tokens: int,
+    positions: Sequence[int],
+    lengths: Iterable[int],
+    layout: Layout,
+    word_ids: Sequence[int | None] | None,
+) -> dict[int, dict[int, tuple[Window, Layout]]]:
+    """For each word length, the window each mask's copies are read in, and its layout: a word of
+    k tokens grows its text's copies by k - 1, so they are read in windows that much narrower,
+    around every mask. A length whose copies fit the model whole maps no mask. ``word_ids``, the
+    text's words, must be given when any length needs windows."""
+    found: dict[int, dict[int, tuple[Window, Layout]]] = {}
+    for length in lengths:
+        found[length] = {}
+        if fits(n_tokens + length - 1, layout):
+            continue
+        if word_ids is None:
+            raise ValueError("a text longer than the model reads is planned without its words; this is a bug")
+        narrow = layout.narrower(length - 1)
+        for window in windows(word_ids, [(position, position) for position in positions], narrow):
+            found[length].update((span[0], (window, narrow)) for span in window.asked)
+    return found
 
 
 def _placed(

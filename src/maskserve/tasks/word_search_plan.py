@@ -17,7 +17,7 @@ from maskserve.errors import InvalidInput, TextTooLong
 from maskserve.model_api import FillMaskModel, Prediction, Query, TextPredictions, text_answer_json
 from maskserve.serving.costs import Work
 from maskserve.serving.work_queue import Answer, slowest
-from maskserve.tasks.windows import Layout, LongText, fits, windows
+from maskserve.tasks.windows import Layout, LongText, Window, fits, word_windows
 from maskserve.tasks.word_search import MaskSearch, rows_bound
 
 
@@ -131,6 +131,18 @@ def search_answers(plan: WordSearchPlan, answers: Sequence[Answer], model: FillM
     return result
 
 
+def _reads(
+    query: Query, position: int, by_length: dict[int, dict[int, tuple[Window, Layout]]]
+) -> dict[int, tuple[Sequence[int], int]]:
+    """Per word length read in windows, the window a mask's rows read: its ids, the mask's place."""
+    reads: dict[int, tuple[Sequence[int], int]] = {}
+    for length, around in by_length.items():
+        if position in around:
+            window, narrow = around[position]
+            reads[length] = (window.ids(query.input_ids, narrow), window.local(position, narrow))
+    return reads
+
+
 def plan_search(
     queries: Sequence[Query],
     fields: Sequence[str],
@@ -156,28 +168,19 @@ def plan_search(
     texts: list[TextSearch] = []
     for index, (query, field) in enumerate(zip(queries, fields, strict=True)):
         positions = tuple(i for i, token in enumerate(query.input_ids) if token == model.mask_token_id)
-        reads: dict[int, dict[int, tuple[Sequence[int], int]]] = {position: {} for position in positions}
-        cut: set[tuple[int, int]] = set()
-        if not fits(query.n_tokens + pieces - 1, layout):
-            if long_text == "refuse":
-                raise TextTooLong(
-                    f"{field} has {query.n_tokens} tokens; with a word of {pieces} pieces in place of a mask it "
-                    f"would have more than the {layout.length} this model reads, and parameters.long_text "
-                    '"refuse" asks not to read it in windows',
-                    field=field,
-                )
-            word_ids = words_of(index)
-            # Per word length, as whole-word targets are read: windows narrower by the word's
-            # extra pieces, around every mask, so a word scores as it does as a target.
-            for length in range(1, pieces + 1):
-                if fits(query.n_tokens + length - 1, layout):
-                    continue
-                narrow = layout.narrower(length - 1)
-                for window in windows(word_ids, [(p, p) for p in positions], narrow):
-                    cut.add((window.start, window.end))
-                    ids = window.ids(query.input_ids, narrow)
-                    for first, _ in window.asked:
-                        reads[first][length] = (ids, window.local(first, narrow))
+        grown_fits = fits(query.n_tokens + pieces - 1, layout)
+        if not grown_fits and long_text == "refuse":
+            raise TextTooLong(
+                f"{field} has {query.n_tokens} tokens; with a word of {pieces} pieces in place of a mask it "
+                f"would have more than the {layout.length} this model reads, and parameters.long_text "
+                '"refuse" asks not to read it in windows',
+                field=field,
+            )
+        # Per word length, as whole-word targets are read, so a word scores as it does as a target.
+        by_length = word_windows(
+            query.n_tokens, positions, range(1, pieces + 1), layout, None if grown_fits else words_of(index)
+        )
+        cut = {(w.start, w.end) for around in by_length.values() for w, _ in around.values()}
         searches = tuple(
             MaskSearch(
                 query.input_ids,
@@ -188,7 +191,7 @@ def plan_search(
                 beam=search.beam,
                 pieces=classes,
                 is_words=model.whole_words,
-                reads=reads[position],
+                reads=_reads(query, position, by_length),
             )
             for position in positions
         )

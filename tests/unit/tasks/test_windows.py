@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from maskserve.tasks.windows import Layout, Window, fits, windows
+from maskserve.tasks.windows import Layout, Window, fits, windows, word_windows
 
 # A model of 20 tokens, [CLS] before and [SEP] after each text: 18 of the text's own a window,
 # a quarter of which (4) is each side's least context, so a group spans at most 10.
@@ -82,3 +82,20 @@ def test_a_span_outside_the_text_or_wider_than_a_group_is_a_bug() -> None:
         windows(word_ids(100), [(0, 0)], LAYOUT)  # the [CLS]
     with pytest.raises(ValueError, match="this is a bug"):
         windows(word_ids(100), [(10, 30)], LAYOUT)
+
+
+def test_each_word_length_reads_every_mask_in_a_window_that_much_narrower_or_none_where_it_fits() -> None:
+    # A text of 20 tokens, as long as the model reads: a one-token word fits whole, a longer one does not.
+    ids = word_ids(18)
+    found = word_windows(len(ids), [3, 15], [1, 2, 3], LAYOUT, ids)
+    assert found[1] == {}
+    for length in (2, 3):
+        narrow = LAYOUT.narrower(length - 1)
+        assert set(found[length]) == {3, 15}
+        for position, (window, layout) in found[length].items():
+            assert layout == narrow and window.start <= position < window.end
+            assert window.end - window.start <= narrow.inner
+        cut = windows(ids, [(3, 3), (15, 15)], narrow)
+        assert {(w.start, w.end) for w, _ in found[length].values()} == {(w.start, w.end) for w in cut}
+    with pytest.raises(ValueError, match="without its words"):
+        word_windows(len(ids), [3], [2], LAYOUT, None)
