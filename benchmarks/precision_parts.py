@@ -45,8 +45,6 @@ from typing import Any
 import numpy as np
 
 from maskserve.config.cpus import available_cpus
-from maskserve.engine.base import pad_batch
-from maskserve.engine.onnx_export import feeds
 
 from .agreement import cpu_line
 from .masked_sentences import masked_texts
@@ -80,13 +78,9 @@ def blimp_texts(folder: Path, mask: str) -> list[str]:
 
 def batches(tokenizer: Any, texts: Sequence[str]) -> list[dict[str, np.ndarray]]:
     """``texts`` as the graph's inputs, in batches of ``BATCH`` in their order, read at their masks."""
-    encoded = [tokenizer(text)["input_ids"] for text in texts]
-    out = []
-    for start in range(0, len(encoded), BATCH):
-        ids, attention = pad_batch(encoded[start : start + BATCH], tokenizer.pad_token_id)
-        rows, cols = np.nonzero(ids == tokenizer.mask_token_id)
-        out.append(feeds(ids, attention, rows, cols))
-    return out
+    from maskserve.engine.openvino_quantize import graph_batches
+
+    return graph_batches([tokenizer(text)["input_ids"] for text in texts], tokenizer, BATCH)
 
 
 def probes(model: Any) -> list[tuple[str, Any]]:

@@ -34,6 +34,7 @@ import hashlib
 import io
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -194,9 +195,14 @@ def calibration_batches(tokenizer: Any) -> list[dict[str, np.ndarray]]:
         ),
         key=len,
     )
+    return graph_batches(encoded, tokenizer, CALIBRATION_BATCH)
+
+
+def graph_batches(encoded: Sequence[Sequence[int]], tokenizer: Any, size: int) -> list[dict[str, np.ndarray]]:
+    """Token ids as the graph's inputs: padded batches of ``size`` in their order, read at their masks."""
     batches = []
-    for start in range(0, len(encoded), CALIBRATION_BATCH):
-        ids, attention = pad_batch(encoded[start : start + CALIBRATION_BATCH], tokenizer.pad_token_id)
+    for start in range(0, len(encoded), size):
+        ids, attention = pad_batch(encoded[start : start + size], tokenizer.pad_token_id)
         rows, cols = np.nonzero(ids == tokenizer.mask_token_id)
         batches.append(feeds(ids, attention, rows, cols))
     return batches
