@@ -19,7 +19,9 @@ Three tables, all on the openvino graph (read-rows last layer, mask-only head) o
    NNCF's ignored scope (each encoder layer's products in turn; the last layer's products at the
    read rows only; the last layer's keys and values; the residual products), then the options
    added to the read rows in float32, up to today's `vnni` recipe: top-1 agreement per kind.
-3. **Speed** on bert-base's shape (random weights) of the candidates against float32: batches of
+3. **bfloat16 variants**: the whole graph in bfloat16, and the graph as served (the last layer and
+   the head in float32, engine/openvino_split.py): top-1 agreement per kind.
+4. **Speed** on bert-base's shape (random weights) of the candidates against float32: batches of
    32 length-sorted sentences, the graph alone (no tokenizing, no top-k), alternating rounds in one
    process, the median round's ratio.
 
@@ -38,7 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +127,17 @@ def run_parts(core: Any, model_file: Path, precision: str, inputs: list[dict[str
             else:  # the head's rows
                 parts[i].append(value)
     return [np.concatenate(p) for p in parts]
+
+
+def split_logits(model_file: Path, inputs: list[dict[str, np.ndarray]]) -> np.ndarray:
+    """The logits of the graph as ``--dtype bfloat16`` serves it: the last layer and head in float32."""
+    from maskserve.engine.openvino import compile_bfloat16
+
+    request = compile_bfloat16(model_file, available_cpus(), keep_compiled=False).create_infer_request()
+    return np.concatenate([request.infer(batch)[0] for batch in inputs])
+
+
+BF16_SPLIT = "bf16, last layer float32"
 
 
 def labels_of(core: Any, model_file: Path) -> list[str]:
@@ -257,12 +270,39 @@ def measure_default(kinds_of: dict[str, Any], scratch: Path) -> tuple[list[str],
         recipes[label] = recipe
         print(rows[-1], flush=True)
     variant_table = [f"| int8 variant | {' | '.join(kinds)} |", "|---|" + "---|" * len(kinds), *rows]
-    return error_table, variant_table, recipes
+    bf16_table = bfloat16_variants(core, float32_file, kinds, reference)
+    return (
+        error_table,
+        [*variant_table, "", "## bfloat16 with the last layer in float32: top-1 agreement", "", *bf16_table],
+        recipes,
+    )
+
+
+def bfloat16_variants(
+    core: Any, float32_file: Path, kinds: dict[str, list[dict[str, np.ndarray]]], reference: dict[str, list[np.ndarray]]
+) -> list[str]:
+    """Table 3: the whole graph in bfloat16 against the graph as served (last layer and head in float32)."""
+    variants: dict[str, Callable[[list[dict[str, np.ndarray]]], np.ndarray]] = {
+        "bfloat16, the whole graph (before)": lambda inputs: run_parts(core, float32_file, "bf16", inputs)[-1],
+        "bfloat16, the last layer and the head in float32 (as served)": lambda inputs: split_logits(
+            float32_file, inputs
+        ),
+    }
+    rows = []
+    for label, logits_of in variants.items():
+        shares = []
+        for kind, inputs in kinds.items():
+            logits = logits_of(inputs)
+            agree = top1(logits, reference[kind][-1])
+            shares.append(f"{round(agree * len(logits))}/{len(logits)} ({100 * agree:.1f}%)")
+        rows.append(f"| {label} | {' | '.join(shares)} |")
+        print(rows[-1], flush=True)
+    return [f"| bfloat16 variant | {' | '.join(kinds)} |", "|---|" + "---|" * len(kinds), *rows]
 
 
 def measure_speed(recipes: dict[str, Any], scratch: Path) -> list[str]:
     """Table 3: each candidate's forward rate on bert-base's shape against float32's."""
-    from maskserve.engine.openvino import compile_graph, shared_core
+    from maskserve.engine.openvino import compile_bfloat16, compile_graph, shared_core
 
     engine = load_float32(bert_base_model().path, scratch / "cache-base")
     core, tokenizer, float32_file = shared_core(), engine.tokenizer, engine.export.model_file
@@ -270,11 +310,19 @@ def measure_speed(recipes: dict[str, Any], scratch: Path) -> list[str]:
         make_sentences(SPEED_SENTENCES, mask=tokenizer.mask_token), key=lambda t: len(tokenizer(t)["input_ids"])
     )
     inputs = batches(tokenizer, texts)
-    graphs = {"float32": (float32_file, "f32"), "bfloat16": (float32_file, "bf16")}
+    graphs = {
+        "float32": (float32_file, "f32"),
+        "bfloat16": (float32_file, "bf16"),
+        "bfloat16, the last layer and the head in float32 (as served)": (float32_file, BF16_SPLIT),
+    }
     for index, (label, recipe) in enumerate(recipes.items()):
         graphs[label] = (quantized(core, float32_file, tokenizer, recipe, scratch / f"base-int8-{index}"), "f32")
     requests = {
-        label: compile_graph(file, precision, available_cpus(), keep_compiled=False).create_infer_request()
+        label: (
+            compile_bfloat16(file, available_cpus(), keep_compiled=False)
+            if precision == BF16_SPLIT
+            else compile_graph(file, precision, available_cpus(), keep_compiled=False)
+        ).create_infer_request()
         for label, (file, precision) in graphs.items()
     }
     seconds: dict[str, list[float]] = {label: [] for label in graphs}

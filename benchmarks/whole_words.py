@@ -220,7 +220,7 @@ def run(plan: Plan, log_dir: Path, model_path: Path | None = None) -> Result:
     """Every measure on the default model, or on the model folder ``model_path``."""
     path = default_model().path if model_path is None else model_path
     tokenizer = AutoTokenizer.from_pretrained(str(path))
-    name = f"the default model ({default_model().name})" if model_path is None else f"the model at {model_path}"
+    name = default_model().name if model_path is None else f"the model at {model_path}"
     result = Result(clozes(tokenizer, plan.sentences), model=name)
     port = free_port()
     with Server("maskserve", maskserve_argv(path, port, *SERVE_FLAGS), port, log_dir / "maskserve.log") as server:

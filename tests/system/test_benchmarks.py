@@ -603,3 +603,47 @@ def test_the_whole_words_benchmark_runs_quick_and_reports_each_target_with_its_v
     assert report.count("| **met** |") + report.count("| **not met** |") == 3
     assert "python -m benchmarks.whole_words --quick" in report and "AVX-512/AMX flags:" in report
     assert "nan" not in report
+
+
+def test_the_precision_rates_report_takes_each_pair_s_ratio_inside_each_round() -> None:
+    from benchmarks import precision_rates
+    from benchmarks.run import Round as ServerRound
+
+    def load(rps: float) -> LoadResult:
+        result = LoadResult(precision_rates.CONCURRENCY, sent=100, correct=100, duration_s=100 / rps)
+        result.statuses["200"] = 100
+        result.latencies_ms = [100.0] * 100
+        return result
+
+    rates = [  # per round: float32, bf16 today, bf16 before, int8 today, int8 before
+        (40.0, 76.0, 80.0, 110.0, 100.0),
+        (20.0, 36.0, 40.0, 60.0, 60.0),  # a slow round: its ratios count as any other's
+        (42.0, 90.0, 90.0, 120.0, 100.0),
+    ]
+    rounds = []
+    for per_system in rates:
+        round_ = ServerRound()
+        for system, rps in zip(precision_rates.SYSTEMS, per_system, strict=True):
+            round_.loads[system.name, precision_rates.CONCURRENCY] = load(rps)
+        rounds.append(round_)
+    plan = precision_rates.PLANS["bert-base"]
+    report = precision_rates.render(BenchModel("bert-base shape", Path(".")), plan, rounds, "cmd")
+    assert "| openvino bf16, whole (before) | 80.0 (40.0-90.0) | 100 | 100 | 200: 300 | 0 |" in report
+    # bf16: 0.95, 0.90, 1.00 -> median 0.95; int8: 1.10, 1.00, 1.20 -> 1.10
+    assert "| openvino bf16, whole (before) | 0.95× (0.90-1.00) |" in report
+    assert "| openvino int8, the recipe before | 1.10× (1.00-1.20) |" in report
+    assert "CPU: " in report and "matrix features: " in report  # every report prints its CPU's flags
+
+
+@pytest.mark.skipif(not HAS_OPENVINO, reason="needs openvino")
+def test_the_servers_before_serve_the_whole_bfloat16_graph_and_the_int8_recipe_before() -> None:
+    from benchmarks import precision_before_server
+    from benchmarks.precision_parts import before
+    from maskserve.engine import openvino as ov_engine
+    from maskserve.engine.openvino_quantize import recipe_for
+
+    attribute, replacement = precision_before_server.VARIANTS["int8-before"]
+    assert getattr(ov_engine, attribute) is recipe_for  # the server replaces what the loader calls
+    assert replacement() == before() != recipe_for()
+    attribute, replacement = precision_before_server.VARIANTS["bf16-whole"]
+    assert getattr(ov_engine, attribute) is ov_engine.compile_bfloat16

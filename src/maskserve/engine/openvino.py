@@ -7,7 +7,8 @@ batch before anything is served. Tokenization, targets, top-k and the answer's s
 
 float32 is set explicitly: OpenVINO's own default on a CPU with AMX is bfloat16, which would
 change the answers without the operator asking. ``--dtype bfloat16`` compiles the same graph in
-bfloat16, where the CPU runs it natively (AMX or AVX-512 BF16); elsewhere it is refused.
+bfloat16, where the CPU runs it natively (AMX or AVX-512 BF16), with its last layer and head in
+float32 (``openvino_split.py``); elsewhere it is refused.
 ``--quantize int8`` serves the graph of ``openvino_quantize.py`` instead: int8 encoder, float32
 head and last layer at the read rows.
 """
@@ -42,6 +43,7 @@ from maskserve.engine.export_cache import (
 from maskserve.engine.graph import GraphFillMaskEngine, GraphLoad, require_cpu, with_read_rows
 from maskserve.engine.openvino_export import COMPILED_DIR, MODEL_FILE, convert_graph, export_key
 from maskserve.engine.openvino_quantize import Int8Recipe, quantize_graph, quantized_key, recipe_for
+from maskserve.engine.openvino_split import SplitCompiled, cut_before_last_layer
 from maskserve.engine.pretrained import BackendUnavailable
 from maskserve.model_api import ModelSpec
 
@@ -108,6 +110,34 @@ def compile_graph(model_file: Path, precision: str, threads: int, *, keep_compil
     folder by OpenVINO. The plugin's cache of per-shape kernels is bounded
     (:data:`RUNTIME_CACHE_SHAPES`).
     """
+    try:
+        core = shared_core()
+        return core.compile_model(
+            core.read_model(str(model_file)), "CPU", _compile_config(model_file, precision, threads, keep_compiled)
+        )
+    except Exception as exc:  # OpenVINO raises RuntimeError with a long multi-line message
+        raise ExportFailed(f"OpenVINO cannot compile {model_file}: {one_line(exc)}") from exc
+
+
+def compile_bfloat16(model_file: Path, threads: int, *, keep_compiled: bool = True) -> Any:
+    """``model_file`` in bfloat16 with its last encoder layer and head in float32
+    (``openvino_split.py``), or whole in bfloat16 where the graph cannot be cut there."""
+    core = shared_core()
+    try:
+        parts = cut_before_last_layer(lambda: core.read_model(str(model_file)))
+        if parts is None:
+            log.warning("%s cannot be cut before its last layer: all of it runs in bfloat16", model_file)
+            return compile_graph(model_file, "bf16", threads, keep_compiled=keep_compiled)
+        body = core.compile_model(parts.body, "CPU", _compile_config(model_file, "bf16", threads, keep_compiled))
+        tail = core.compile_model(parts.tail, "CPU", _compile_config(model_file, "f32", threads, keep_compiled))
+    except ExportFailed:
+        raise
+    except Exception as exc:  # OpenVINO raises RuntimeError with a long multi-line message
+        raise ExportFailed(f"OpenVINO cannot compile {model_file}: {one_line(exc)}") from exc
+    return SplitCompiled(body, tail)
+
+
+def _compile_config(model_file: Path, precision: str, threads: int, keep_compiled: bool) -> dict[str, Any]:
     config: dict[str, Any] = {
         "INFERENCE_PRECISION_HINT": precision,
         "INFERENCE_NUM_THREADS": threads,
@@ -117,11 +147,7 @@ def compile_graph(model_file: Path, precision: str, threads: int, *, keep_compil
     }
     if keep_compiled:
         config["CACHE_DIR"] = str(model_file.parent / COMPILED_DIR)
-    try:
-        core = shared_core()
-        return core.compile_model(core.read_model(str(model_file)), "CPU", config)
-    except Exception as exc:  # OpenVINO raises RuntimeError with a long multi-line message
-        raise ExportFailed(f"OpenVINO cannot compile {model_file}: {one_line(exc)}") from exc
+    return config
 
 
 def precision_of(compiled: Any) -> str:
@@ -154,6 +180,9 @@ class OpenVinoFillMaskEngine(GraphFillMaskEngine):
         return run_graph(self.request, inputs)
 
     def _describe_graph(self) -> dict[str, str | int | float]:
+        if self.dtype == "bfloat16":
+            split = isinstance(self.compiled, SplitCompiled)
+            return {"last_layer_precision": "float32" if split else "bfloat16"}
         if self.quantize != "int8":
             return {}
         return {
@@ -207,7 +236,10 @@ class _Graphs:
     def open_checked(self, model_file: Path, tolerance: float | None = None, keep_compiled: bool = True) -> Any:
         """The graph compiled in the precision asked for, and checked against torch."""
         precision = self.precision
-        compiled = compile_graph(model_file, precision, self.load.threads, keep_compiled=keep_compiled)
+        if precision == "bf16":
+            compiled = compile_bfloat16(model_file, self.load.threads, keep_compiled=keep_compiled)
+        else:
+            compiled = compile_graph(model_file, precision, self.load.threads, keep_compiled=keep_compiled)
         got = precision_of(compiled)
         if got != precision:
             raise _not_on_this_cpu(got, precision)

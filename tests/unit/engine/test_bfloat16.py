@@ -28,6 +28,12 @@ from tests.conftest import load_openvino
 # sits a few masks below what AVX-512 BF16 measured (benchmarks/results/agreement.md).
 MIN_TOP1_AGREEMENT = {"natural": 0.99, "short": 0.96}
 MAX_SCORE_DIFFERENCE = 0.02
+# openvino runs the last layer and the head in float32 (engine/openvino_split.py). This bound sits
+# between the largest score difference measured with the split and without it
+# (benchmarks/results/agreement.md), so it fails when the last layer falls back to bfloat16; the
+# short sentences' floor leaves two masks more than the split measured.
+OPENVINO_MAX_SCORE_DIFFERENCE = 0.004
+OPENVINO_MIN_TOP1_AGREEMENT = {"natural": 0.99, "short": 0.98}
 TEXTS = {"natural": masked_texts, "short": short_texts}
 MIN_MASKS = {"natural": 400, "short": 150}
 # /score on the same model: each token's log-probability within this of float32's, and the
@@ -68,8 +74,10 @@ def test_bfloat16_agrees_with_the_float32_pipeline_on_the_default_model(
     result = measure_agreement(engine, texts, reference)
     shown = engine.describe()["precision"]
     print(f"{backend} {shown} ({describe_features()}), {kind} texts: {result}")
-    assert result.top1_share >= MIN_TOP1_AGREEMENT[kind], (shown, result)
-    assert result.largest_score_difference <= MAX_SCORE_DIFFERENCE, result
+    floors = OPENVINO_MIN_TOP1_AGREEMENT if backend == "openvino" else MIN_TOP1_AGREEMENT
+    bound = OPENVINO_MAX_SCORE_DIFFERENCE if backend == "openvino" else MAX_SCORE_DIFFERENCE
+    assert result.top1_share >= floors[kind], (shown, result)
+    assert result.largest_score_difference <= bound, result
 
 
 def test_torch_bfloat16_runs_the_encoder_in_bfloat16_and_the_head_in_float32() -> None:

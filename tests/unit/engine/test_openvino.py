@@ -49,6 +49,16 @@ def test_bfloat16_compiles_the_same_graph_and_says_what_runs_it(ov_bert_engine: 
     assert ov_engine.precision_of(engine.compiled) == "bf16"
     assert engine.describe()["precision"] in ("bfloat16 on AMX", "bfloat16 on AVX-512 BF16")
     assert engine.describe()["read_rows_last_layer"] == "yes"
+    # The last layer and the head, where near-ties are decided, compiled in float32 apart.
+    assert engine.describe()["last_layer_precision"] == "float32"
+    assert ov_engine.precision_of(engine.compiled.tail) == "f32"
+    assert ov_engine.precision_of(engine.compiled.body) == "bf16"
+    # And the split answers: the masks' top tokens as float32's.
+    texts = ("paris is the [MASK] of france.", "the [MASK] barked.")
+    for text in texts:
+        (token, score), *_ = top_answer(engine, text)
+        (expected_token, expected_score), *_ = top_answer(ov_bert_engine, text)
+        assert token == expected_token and score == pytest.approx(expected_score, abs=0.02)
 
 
 @pytest.mark.skipif(not native_bf16(), reason=NO_NATIVE_BF16)
