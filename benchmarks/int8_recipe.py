@@ -122,6 +122,7 @@ def measure_class() -> list[dict[str, Any]]:
                 }
             )
             engines[label] = int8(base.path, index, recipe)
+
         def seconds(engine: Any) -> float:
             started = time.perf_counter()
             for batch in batches:
