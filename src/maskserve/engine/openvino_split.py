@@ -10,19 +10,16 @@ runs through one then the other. The tail is one layer of many, most of it at th
 
 The cut is the tensor the last layer reads its keys from. A graph whose tail would still hold an
 earlier layer (another architecture's naming, a cut that does not separate) is not split: it runs
-whole in bfloat16, and ``describe`` says so.
+whole in bfloat16, and the engine's ``last_layer_precision`` says so.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-log = logging.getLogger(__name__)
 
 HIDDEN_INPUT = "hidden_before_last_layer"
 # An encoder layer's operations carry its index in their names, as the exporter writes the module
@@ -32,6 +29,7 @@ _KEY = re.compile(r"attention\.(self\.key|k_lin|key)\b")
 
 
 def layer_of(node: Any) -> int | None:
+    """The index of the encoder layer ``node`` belongs to, by its name; None outside the layers."""
     found = _LAYER.search(node.get_friendly_name())
     return int(found.group(1)) if found else None
 
