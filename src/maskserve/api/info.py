@@ -48,6 +48,9 @@ def model_section(model: FillMaskModel | None, name: str) -> Section | None:
         # overflow fix) and the recipe the graph was quantized by for it.
         "int8_kernels": description.get("int8_kernels"),
         "int8_recipe": description.get("int8_recipe"),
+        # With --dtype bfloat16 on openvino: "float32" where the last layer and the head run in
+        # float32 beside a bfloat16 body, "bfloat16" where the graph could not be cut there.
+        "last_layer_precision": description.get("last_layer_precision"),
         "torch_threads": description.get("torch_threads"),
         "mask_only_head": description.get("mask_only_head"),
         # Whether the last encoder layer runs at the rows the head reads only, on every backend:

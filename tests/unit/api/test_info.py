@@ -47,6 +47,7 @@ async def test_info_describes_model_runtime_settings_and_versions(make_client: C
     assert model["load_seconds"] > 0
     assert model["quantize"] == "none"
     assert model["backend"] == "torch" and model["export_path"] is None
+    assert model["last_layer_precision"] is None  # openvino bfloat16's own
     assert info["batching"]["max_batch_size"] == 7
     # The long-text limit, beside the model's own length (windows are cut to the model's).
     assert (info["limits"]["max_text_tokens"], model["max_tokens"]) == (1000, 128)

@@ -12,9 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from maskserve.config.settings import Settings
 from maskserve.engine import FillMaskEngine
 from maskserve.engine.cpu import native_bf16
-from tests.conftest import HAS_OPENVINO, load_openvino
+from maskserve.http.app import load_model
+from tests.conftest import HAS_OPENVINO, ClientFactory, load_openvino
 from tests.models import build_bert
 from tests.unit.engine.conftest import OPENVINO
 
@@ -88,3 +90,19 @@ def test_bfloat16_where_the_graph_cannot_be_cut_runs_whole_and_says_so(
     assert engine.describe()["last_layer_precision"] == "bfloat16"
     assert ov_engine.precision_of(engine.compiled) == "bf16"
     assert "cannot be cut before its last layer: all of it runs in bfloat16" in caplog.text
+
+
+@pytest.mark.skipif(not native_bf16(), reason="this CPU has no AMX or AVX-512 BF16: OpenVINO refuses bfloat16 here")
+async def test_bfloat16_serves_http_and_info_says_its_last_layer_runs_in_float32(
+    make_client: ClientFactory, tmp_path: Path
+) -> None:
+    settings = Settings(backend="openvino", dtype="bfloat16", cache_dir=str(tmp_path), threads=1)
+    engine = load_model(settings)
+    client = await make_client(engine=engine, backend="openvino", dtype="bfloat16")
+    response = await client.post("/", data="Paris is the [MASK] of France.")
+    assert response.status == 200
+    answer = await response.json()
+    assert len(answer) == 5 and all(0 < p["score"] <= 1 and "[MASK]" not in p["sequence"] for p in answer)
+    model = (await (await client.get("/info")).json())["model"]
+    assert (model["dtype"], model["last_layer_precision"]) == ("bfloat16", "float32")
+    assert model["precision"] in ("bfloat16 on AMX", "bfloat16 on AVX-512 BF16")
