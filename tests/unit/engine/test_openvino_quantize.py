@@ -137,34 +137,33 @@ def test_the_recipe_is_part_of_the_cache_key() -> None:
     assert vnni != avx2 and avx2_parts["recipe"]["residual_products_in_float32"] is True
 
 
-@pytest.mark.parametrize("build", ["bert", "roberta"])
-def test_the_residual_products_are_found_by_data_flow_on_each_architecture(
-    build: str, bert_dir: Path, roberta_dir: Path, tmp_path: Path
-) -> None:
+@pytest.fixture(params=["bert", "roberta"])
+def graph_and_layers(
+    request: pytest.FixtureRequest, bert_dir: Path, roberta_dir: Path, tmp_path: Path
+) -> tuple[Any, int]:
+    """The float32 graph openvino serves for each architecture, and its encoder's layer count."""
     from transformers import AutoConfig
 
-    folder = bert_dir if build == "bert" else roberta_dir
+    folder = bert_dir if request.param == "bert" else roberta_dir
     engine = load_openvino_engine(ModelSpec(model=str(folder), backend="openvino", cache_dir=tmp_path, threads=1))
-    model = served_graph(engine)
+    return served_graph(engine), AutoConfig.from_pretrained(str(folder)).num_hidden_layers
+
+
+def test_the_residual_products_are_found_by_data_flow_on_each_architecture(graph_and_layers: tuple[Any, int]) -> None:
+    model, layers = graph_and_layers
     found = openvino_quantize.residual_products(model)
-    layers = AutoConfig.from_pretrained(str(folder)).num_hidden_layers
     # The attention output and the feed-forward output of every layer, and nothing else.
     assert len(found) == 2 * layers, found
     assert all(name.count("output.dense") == 1 for name in found), found
     assert not set(found) & set(openvino_quantize.head_matmuls(model))
 
 
-@pytest.mark.parametrize("build", ["bert", "roberta"])
 def test_the_last_layers_read_rows_are_found_by_data_flow_on_each_architecture(
-    build: str, bert_dir: Path, roberta_dir: Path, tmp_path: Path
+    graph_and_layers: tuple[Any, int],
 ) -> None:
-    from transformers import AutoConfig
-
-    folder = bert_dir if build == "bert" else roberta_dir
-    engine = load_openvino_engine(ModelSpec(model=str(folder), backend="openvino", cache_dir=tmp_path, threads=1))
-    model = served_graph(engine)
+    model, layers = graph_and_layers
     found = openvino_quantize.read_rows_matmuls(model)
-    last = AutoConfig.from_pretrained(str(folder)).num_hidden_layers - 1
+    last = layers - 1
     # The last layer's query, attention output, intermediate and output products, and its two
     # attention products (query by keys, weights by values); never its keys and values, nor the head.
     weighted = [name for name in found if "linear" in name]
