@@ -15,9 +15,11 @@ head and last layer at the read rows.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -110,31 +112,34 @@ def compile_graph(model_file: Path, precision: str, threads: int, *, keep_compil
     folder by OpenVINO. The plugin's cache of per-shape kernels is bounded
     (:data:`RUNTIME_CACHE_SHAPES`).
     """
-    try:
+    with _compiling(model_file):
         core = shared_core()
         return core.compile_model(
             core.read_model(str(model_file)), "CPU", _compile_config(model_file, precision, threads, keep_compiled)
         )
-    except Exception as exc:  # OpenVINO raises RuntimeError with a long multi-line message
-        raise ExportFailed(f"OpenVINO cannot compile {model_file}: {one_line(exc)}") from exc
 
 
 def compile_bfloat16(model_file: Path, threads: int, *, keep_compiled: bool = True) -> Any:
     """``model_file`` in bfloat16 with its last encoder layer and head in float32
     (``openvino_split.py``), or whole in bfloat16 where the graph cannot be cut there."""
-    core = shared_core()
+    with _compiling(model_file):
+        core = shared_core()
+        parts = cut_before_last_layer(core.read_model(str(model_file)))
+        if parts is not None:
+            body = core.compile_model(parts.body, "CPU", _compile_config(model_file, "bf16", threads, keep_compiled))
+            tail = core.compile_model(parts.tail, "CPU", _compile_config(model_file, "f32", threads, keep_compiled))
+            return SplitCompiled(body, tail)
+    log.warning("%s cannot be cut before its last layer: all of it runs in bfloat16", model_file)
+    return compile_graph(model_file, "bf16", threads, keep_compiled=keep_compiled)
+
+
+@contextlib.contextmanager
+def _compiling(model_file: Path) -> Iterator[None]:
+    """OpenVINO's errors while reading or compiling ``model_file``, as one ``ExportFailed`` line."""
     try:
-        parts = cut_before_last_layer(lambda: core.read_model(str(model_file)))
-        if parts is None:
-            log.warning("%s cannot be cut before its last layer: all of it runs in bfloat16", model_file)
-            return compile_graph(model_file, "bf16", threads, keep_compiled=keep_compiled)
-        body = core.compile_model(parts.body, "CPU", _compile_config(model_file, "bf16", threads, keep_compiled))
-        tail = core.compile_model(parts.tail, "CPU", _compile_config(model_file, "f32", threads, keep_compiled))
-    except ExportFailed:
-        raise
+        yield
     except Exception as exc:  # OpenVINO raises RuntimeError with a long multi-line message
         raise ExportFailed(f"OpenVINO cannot compile {model_file}: {one_line(exc)}") from exc
-    return SplitCompiled(body, tail)
 
 
 def _compile_config(model_file: Path, precision: str, threads: int, keep_compiled: bool) -> dict[str, Any]:

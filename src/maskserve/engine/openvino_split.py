@@ -68,31 +68,27 @@ class GraphParts:
     tail: Any
 
 
-def cut_before_last_layer(read_model: Any) -> GraphParts | None:
-    """The graph ``read_model()`` reads, cut at the last layer's input; None where it cannot be.
-
-    ``read_model`` is called twice: the body and the tail are each built from a graph of their own,
-    since cutting rewires the graph it is made from.
-    """
+def cut_before_last_layer(model: Any) -> GraphParts | None:
+    """``model`` cut at the last layer's input; None where it cannot be. The body shares ``model``'s
+    nodes; the tail is cut from a copy, since cutting rewires the graph it is made from."""
     from openvino import Model, PartialShape
     from openvino import opset13 as ops
 
-    whole = read_model()
-    found = _last_layer_input(whole)
+    found = _last_layer_input(model)
     if found is None:
         return None
     cut, last = found
-    parameters = list(whole.get_parameters())
-    body = Model([cut], parameters, "body")
+    body = Model([cut], list(model.get_parameters()), "body")
 
-    rest = read_model()
-    cut_again, _ = _last_layer_input(rest) or (None, 0)
-    if cut_again is None:
-        return None
-    width = cut_again.get_partial_shape()[-1]
-    hidden = ops.parameter(PartialShape([-1, -1, width]), cut_again.get_element_type(), name=HIDDEN_INPUT)
+    rest = model.clone()
+    again = _last_layer_input(rest)
+    assert again is not None, "a copy of a graph has the same last layer"
+    cut = again[0]
+    hidden = ops.parameter(
+        PartialShape([-1, -1, cut.get_partial_shape()[-1]]), cut.get_element_type(), name=HIDDEN_INPUT
+    )
     hidden.output(0).set_names({HIDDEN_INPUT})
-    for reader in list(cut_again.get_target_inputs()):
+    for reader in list(cut.get_target_inputs()):
         reader.replace_source_output(hidden.output(0))
     tail = Model(rest.outputs, [hidden, *rest.get_parameters()], "tail")
     if _holds_an_earlier_part(tail, last):

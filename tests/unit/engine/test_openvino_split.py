@@ -37,7 +37,7 @@ def probe_batch(engine: FillMaskEngine) -> dict[str, np.ndarray]:
 
 def parts_of(engine: FillMaskEngine) -> openvino_split.GraphParts:
     core = ov_engine.shared_core()
-    parts = openvino_split.cut_before_last_layer(lambda: core.read_model(str(engine.export.model_file)))
+    parts = openvino_split.cut_before_last_layer(core.read_model(str(engine.export.model_file)))
     assert parts is not None
     return parts
 
@@ -77,7 +77,7 @@ def test_a_one_layer_graph_is_not_cut(tmp_path: Path) -> None:
     # Its tail would be the whole encoder: nothing to keep apart.
     engine = load_openvino(str(build_bert(tmp_path / "one-layer", num_hidden_layers=1)), tmp_path / "cache")
     core = ov_engine.shared_core()
-    assert openvino_split.cut_before_last_layer(lambda: core.read_model(str(engine.export.model_file))) is None
+    assert openvino_split.cut_before_last_layer(core.read_model(str(engine.export.model_file))) is None
 
 
 @pytest.mark.skipif(not native_bf16(), reason="this CPU has no AMX or AVX-512 BF16: OpenVINO refuses bfloat16 here")
